@@ -1,0 +1,245 @@
+"""Engine, model, cache, scheduler and speculative-decoding configuration.
+
+``SpeculativeConfig`` accepts the same JSON keys as vLLM's ``--speculative-config`` and rejects
+unknown keys and impossible values with a message naming the key.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM")
+SPEC_METHODS = ("dflash", "eagle3", "eagle", "ngram")
+
+
+@dataclass
+class ModelConfig:
+    """The few numbers of a decoder checkpoint the engine needs (read from an HF config)."""
+
+    architecture: str
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: dict[str, Any] | None
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    attention_bias: bool  # q/k/v bias (Qwen2)
+    qk_norm: bool  # per-head q/k RMSNorm (Qwen3)
+    bos_token_id: int | None = None
+    eos_token_ids: list[int] = field(default_factory=list)
+
+    @classmethod
+    def from_hf(cls, hf: Any) -> ModelConfig:
+        archs = list(getattr(hf, "architectures", None) or [])
+        arch = archs[0] if archs else ""
+        if not arch:
+            mt = getattr(hf, "model_type", "")
+            arch = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}.get(mt, "")
+        if arch not in SUPPORTED_ARCHITECTURES:
+            raise ValueError(
+                f"Unsupported architecture {arch or '<none>'!r}; specserve supports {', '.join(SUPPORTED_ARCHITECTURES)}."
+            )
+        nh = int(hf.num_attention_heads)
+        hidden = int(hf.hidden_size)
+        head_dim = getattr(hf, "head_dim", None) or hidden // nh
+        rope_theta, rope_scaling = rope_from_hf(hf)
+        eos = getattr(hf, "eos_token_id", None)
+        eos_ids = [eos] if isinstance(eos, int) else list(eos or [])
+        return cls(
+            architecture=arch,
+            model_type=str(getattr(hf, "model_type", "")),
+            vocab_size=int(hf.vocab_size),
+            hidden_size=hidden,
+            intermediate_size=int(hf.intermediate_size),
+            num_hidden_layers=int(hf.num_hidden_layers),
+            num_attention_heads=nh,
+            num_key_value_heads=int(getattr(hf, "num_key_value_heads", None) or nh),
+            head_dim=int(head_dim),
+            rms_norm_eps=float(getattr(hf, "rms_norm_eps", 1e-6)),
+            rope_theta=rope_theta,
+            rope_scaling=rope_scaling,
+            max_position_embeddings=int(getattr(hf, "max_position_embeddings", 2048)),
+            tie_word_embeddings=bool(getattr(hf, "tie_word_embeddings", False)),
+            attention_bias=bool(getattr(hf, "attention_bias", arch == "Qwen2ForCausalLM")),
+            qk_norm=arch == "Qwen3ForCausalLM",
+            bos_token_id=getattr(hf, "bos_token_id", None),
+            eos_token_ids=[int(e) for e in eos_ids if e is not None],
+        )
+
+
+def rope_from_hf(hf: Any) -> tuple[float, dict[str, Any] | None]:
+    """(rope_theta, rope_scaling) across transformers 4.x (rope_theta/rope_scaling) and 5.x (rope_parameters)."""
+    params = getattr(hf, "rope_parameters", None)
+    scaling = getattr(hf, "rope_scaling", None)
+    theta = getattr(hf, "rope_theta", None)
+    if isinstance(params, dict):
+        theta = params.get("rope_theta", theta)
+        if params.get("rope_type", "default") != "default":
+            scaling = dict(params)
+    if scaling is not None and scaling.get("rope_type", scaling.get("type", "default")) == "default":
+        scaling = None
+    return float(theta if theta is not None else 10000.0), (dict(scaling) if scaling else None)
+
+
+@dataclass
+class SpeculativeConfig:
+    """vLLM-compatible ``--speculative-config``."""
+
+    method: str
+    model: str | None = None
+    num_speculative_tokens: int = 0
+    disable_padded_drafter_batch: bool = False
+    draft_tensor_parallel_size: int | None = None
+    prompt_lookup_min: int | None = None
+    prompt_lookup_max: int | None = None
+    enforce_eager: bool | None = None
+    max_model_len: int | None = None
+
+    @classmethod
+    def from_any(cls, value: SpeculativeConfig | dict[str, Any] | str | None) -> SpeculativeConfig | None:
+        if value is None or isinstance(value, SpeculativeConfig):
+            return value
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"speculative_config is not valid JSON: {e.msg} (at char {e.pos})") from None
+        if not isinstance(value, dict):
+            raise ValueError("speculative_config must be a JSON object")
+        return cls.from_dict(value)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> SpeculativeConfig:
+        known = {f.name for f in fields(cls)}
+        for key in d:
+            if key == "tensor_parallel_size":
+                raise ValueError(
+                    "speculative_config: 'tensor_parallel_size' is not a speculative-config key; "
+                    "use 'draft_tensor_parallel_size'."
+                )
+            if key not in known:
+                raise ValueError(
+                    f"speculative_config: unknown key {key!r}; allowed keys: {', '.join(sorted(known))}."
+                )
+        d = dict(d)
+        method = d.get("method")
+        model = d.get("model")
+        if method is None:
+            method = infer_method(model)
+        if method == "[ngram]":
+            method = "ngram"
+        if method not in SPEC_METHODS:
+            raise ValueError(f"speculative_config: 'method' must be one of {', '.join(SPEC_METHODS)}, got {method!r}.")
+        d["method"] = method
+        if method == "ngram" and model in ("ngram", "[ngram]"):
+            d["model"] = None
+        k = d.get("num_speculative_tokens")
+        if k is None:
+            raise ValueError("speculative_config: 'num_speculative_tokens' is required.")
+        if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+            raise ValueError(f"speculative_config: 'num_speculative_tokens' must be a positive integer, got {k!r}.")
+        if k > 128:
+            raise ValueError(f"speculative_config: 'num_speculative_tokens' must be at most 128, got {k}.")
+        if method != "ngram" and not d.get("model"):
+            raise ValueError(f"speculative_config: 'model' (the drafter checkpoint) is required for method {method!r}.")
+        dtp = d.get("draft_tensor_parallel_size")
+        if dtp is not None and dtp != 1:
+            raise ValueError(
+                f"speculative_config: 'draft_tensor_parallel_size' must be 1 or the target's tensor parallel size (1), got {dtp!r}."
+            )
+        lo, hi = d.get("prompt_lookup_min"), d.get("prompt_lookup_max")
+        if lo is None and hi is None:
+            lo = hi = 5
+        elif lo is None:
+            lo = hi
+        elif hi is None:
+            hi = lo
+        for name, v in (("prompt_lookup_min", lo), ("prompt_lookup_max", hi)):
+            if not isinstance(v, int) or v < 1:
+                raise ValueError(f"speculative_config: {name!r} must be a positive integer, got {v!r}.")
+        if lo > hi:
+            raise ValueError(f"speculative_config: 'prompt_lookup_min' ({lo}) must be <= 'prompt_lookup_max' ({hi}).")
+        d["prompt_lookup_min"], d["prompt_lookup_max"] = lo, hi
+        for name in ("disable_padded_drafter_batch", "enforce_eager"):
+            if d.get(name) is not None and not isinstance(d[name], bool):
+                raise ValueError(f"speculative_config: {name!r} must be a boolean, got {d[name]!r}.")
+        mml = d.get("max_model_len")
+        if mml is not None and (not isinstance(mml, int) or mml < 1):
+            raise ValueError(f"speculative_config: 'max_model_len' must be a positive integer, got {mml!r}.")
+        d.setdefault("disable_padded_drafter_batch", False)
+        return cls(**d)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+def infer_method(model: str | None) -> str:
+    """vLLM's rule: infer the method from the drafter path when 'method' is omitted."""
+    if model is None:
+        raise ValueError("speculative_config: give 'method' or a drafter 'model' to infer it from.")
+    if model in ("ngram", "[ngram]"):
+        return "ngram"
+    low = model.lower()
+    if "dflash" in low:
+        return "dflash"
+    if "eagle3" in low:
+        return "eagle3"
+    if "eagle-" in low or "eagle" in low:
+        return "eagle"
+    raise ValueError(
+        f"speculative_config: cannot infer 'method' from model {model!r}; set 'method' to one of {', '.join(SPEC_METHODS)}."
+    )
+
+
+@dataclass
+class EngineConfig:
+    """Everything the engine needs; built by ``LLM`` / the server from user arguments."""
+
+    model: str | None
+    tokenizer: str | None = None
+    dtype: str = "auto"
+    device: str = "auto"
+    max_model_len: int | None = None
+    max_num_seqs: int = 8
+    max_num_batched_tokens: int | None = None
+    block_size: int = 16
+    num_gpu_blocks: int | None = None  # explicit KV budget (blocks); overrides memory profiling
+    gpu_memory_utilization: float = 0.9
+    cpu_kv_cache_gb: float = 1.0
+    enable_prefix_caching: bool = True
+    seed: int = 0
+    speculative_config: SpeculativeConfig | None = None
+    enforce_eager: bool = False
+    trust_remote_code: bool = False
+    generation_config: str = "auto"
+    disable_log_stats: bool = True
+    log_stats_interval: float = 10.0
+    attention_backend: str = "auto"  # auto | torch | triton
+
+    def __post_init__(self) -> None:
+        if self.dtype not in ("auto", "float32", "bfloat16", "float16", "half", "float", "bf16", "fp16", "fp32"):
+            raise ValueError(f"dtype must be one of auto, float32, bfloat16, float16; got {self.dtype!r}.")
+        if self.device not in ("auto", "cpu", "cuda") and not str(self.device).startswith("cuda:"):
+            raise ValueError(f"device must be auto, cpu or cuda; got {self.device!r}.")
+        if not isinstance(self.max_num_seqs, int) or self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be at least 1, got {self.max_num_seqs}.")
+        if self.max_model_len is not None and self.max_model_len < 1:
+            raise ValueError(f"max_model_len must be at least 1, got {self.max_model_len}.")
+        if self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1:
+            raise ValueError(f"max_num_batched_tokens must be at least 1, got {self.max_num_batched_tokens}.")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}.")
+        if self.block_size not in (8, 16, 32, 64, 128):
+            raise ValueError(f"block_size must be one of 8, 16, 32, 64, 128; got {self.block_size}.")
+        if self.num_gpu_blocks is not None and self.num_gpu_blocks < 1:
+            raise ValueError(f"num_gpu_blocks must be at least 1, got {self.num_gpu_blocks}.")
+        self.speculative_config = SpeculativeConfig.from_any(self.speculative_config)

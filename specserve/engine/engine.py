@@ -1,0 +1,458 @@
+"""The step loop: schedule -> run the model (verify + draft) -> commit tokens, check stops, emit outputs."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from specserve.config import EngineConfig, ModelConfig
+from specserve.engine.block_manager import BlockManager
+from specserve.engine.request import Request, RequestStatus
+from specserve.engine.scheduler import Scheduler
+from specserve.errors import RequestValidationError
+from specserve.outputs import CompletionOutput, Logprob, RequestOutput
+from specserve.sampling_params import SamplingParams
+
+logger = logging.getLogger("specserve")
+
+PromptType = str | list[int] | dict[str, Any]
+
+
+@dataclass
+class SpecStats:
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    accepted_per_pos: list[int] = field(default_factory=list)
+
+    def observe(self, num_draft: int, num_accepted: int) -> None:
+        self.num_drafts += 1
+        self.num_draft_tokens += num_draft
+        self.num_accepted_tokens += num_accepted
+        if len(self.accepted_per_pos) < num_draft:
+            self.accepted_per_pos.extend([0] * (num_draft - len(self.accepted_per_pos)))
+        for i in range(num_accepted):
+            self.accepted_per_pos[i] += 1
+
+    def snapshot(self) -> SpecStats:
+        return SpecStats(self.num_drafts, self.num_draft_tokens, self.num_accepted_tokens, list(self.accepted_per_pos))
+
+
+def spec_log_line(cur: SpecStats, prev: SpecStats, elapsed: float, k: int) -> str:
+    drafts = cur.num_drafts - prev.num_drafts
+    drafted = cur.num_draft_tokens - prev.num_draft_tokens
+    accepted = cur.num_accepted_tokens - prev.num_accepted_tokens
+    per_pos = [
+        (cur.accepted_per_pos[i] if i < len(cur.accepted_per_pos) else 0)
+        - (prev.accepted_per_pos[i] if i < len(prev.accepted_per_pos) else 0)
+        for i in range(k)
+    ]
+    mean_len = 1 + accepted / drafts if drafts else 1.0
+    rates = ", ".join(f"{(p / drafts if drafts else 0.0):.3f}" for p in per_pos)
+    elapsed = max(elapsed, 1e-9)
+    return (
+        f"SpecDecoding metrics: Mean acceptance length: {mean_len:.2f}, "
+        f"Accepted throughput: {accepted / elapsed:.2f} tokens/s, Drafted throughput: {drafted / elapsed:.2f} tokens/s, "
+        f"Accepted: {accepted} tokens, Drafted: {drafted} tokens, Per-position acceptance rate: {rates}, "
+        f"Avg Draft acceptance rate: {100.0 * accepted / drafted if drafted else 0.0:.1f}%"
+    )
+
+
+@dataclass
+class _Parent:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    children: list[Request]
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig) -> None:
+        import torch
+
+        from specserve.loading import load_tokenizer, resolve_checkpoint
+        from specserve.runner.model_runner import ModelRunner, resolve_device, resolve_dtype
+
+        self.config = config
+        t0 = time.perf_counter()
+        ckpt = resolve_checkpoint(config.model, trust_remote_code=config.trust_remote_code)
+        self.checkpoint = ckpt
+        self.model_path = ckpt.path if not ckpt.gguf_file else f"{ckpt.path}/{ckpt.gguf_file}"
+        self.tokenizer = load_tokenizer(config.tokenizer or ckpt, trust_remote_code=config.trust_remote_code)
+        self.model_config = mc = ModelConfig.from_hf(ckpt.hf_config)
+        max_len = config.max_model_len or mc.max_position_embeddings
+        if config.max_model_len and config.max_model_len > mc.max_position_embeddings:
+            raise ValueError(
+                f"max_model_len ({config.max_model_len}) is greater than the model's max_position_embeddings "
+                f"({mc.max_position_embeddings})."
+            )
+        self.max_model_len = max_len
+        device = resolve_device(config.device)
+        dtype = resolve_dtype(config.dtype, getattr(ckpt.hf_config, "torch_dtype", None), device)
+        if device.type == "cpu" and dtype == torch.float16:
+            logger.warning("float16 on CPU is slow; consider bfloat16 or float32")
+        self.runner = ModelRunner(config, mc, ckpt.iter_weights(dtype), device, dtype, max_len, ckpt)
+        self.num_spec = self.runner.num_speculative_tokens
+        num_blocks = self.runner.determine_num_blocks()
+        self.runner.allocate_kv_cache(num_blocks)
+        self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        if self.runner.proposer is not None:
+            self.block_manager.drop_last_cached_block = self.runner.proposer.drop_last_cached_block
+        mnbt = config.max_num_batched_tokens or max(2048, config.max_num_seqs * (self.num_spec + 1))
+        if mnbt < config.max_num_seqs * (self.num_spec + 1) and self.num_spec:
+            logger.warning("max_num_batched_tokens=%d leaves no room to verify drafts for every sequence", mnbt)
+        self.scheduler = Scheduler(
+            self.block_manager,
+            config.max_num_seqs,
+            mnbt,
+            max_len,
+            num_lookahead_slots=self.num_spec + 1 if self.num_spec else 0,
+        )
+        self.eos_token_ids = self._eos_ids(mc)
+        self.default_sampling_overrides = self._generation_defaults(ckpt.generation_config)
+        self.parents: dict[str, _Parent] = {}
+        self.requests: dict[str, Request] = {}
+        self.counter = itertools.count()
+        # metrics
+        self.spec_stats = SpecStats()
+        self.prompt_tokens_total = 0
+        self.generation_tokens_total = 0
+        self.request_success: dict[str, int] = {}
+        self._last_log = time.monotonic()
+        self._last_spec = SpecStats()
+        self._last_tokens = (0, 0)
+        logger.info(
+            "Engine ready in %.1fs: %s (%s, %s, %s), max_model_len=%d, speculative=%s",
+            time.perf_counter() - t0,
+            self.model_path,
+            mc.architecture,
+            dtype,
+            device,
+            max_len,
+            config.speculative_config.to_dict() if config.speculative_config else None,
+        )
+
+    # ------------------------------------------------------------------ setup helpers
+    def _eos_ids(self, mc: ModelConfig) -> set[int]:
+        ids = set(mc.eos_token_ids)
+        gen_eos = self.checkpoint.generation_config.get("eos_token_id")
+        if isinstance(gen_eos, int):
+            ids.add(gen_eos)
+        elif isinstance(gen_eos, list):
+            ids.update(int(e) for e in gen_eos)
+        tok_eos = getattr(self.tokenizer, "eos_token_id", None)
+        if tok_eos is not None:
+            ids.add(int(tok_eos))
+        return ids
+
+    def _generation_defaults(self, gen: dict[str, Any]) -> dict[str, Any]:
+        if self.config.generation_config == "vllm":
+            return {}
+        if self.config.generation_config not in ("auto", ""):
+            import json
+            import os
+
+            path = self.config.generation_config
+            path = os.path.join(path, "generation_config.json") if os.path.isdir(path) else path
+            with open(path) as f:
+                gen = json.load(f)
+        out = {}
+        for key in ("temperature", "top_p", "top_k", "min_p"):
+            if key in gen and gen[key] is not None:
+                out[key] = gen[key]
+        if "max_new_tokens" in gen and gen["max_new_tokens"]:
+            out["max_tokens"] = gen["max_new_tokens"]
+        return out
+
+    def get_tokenizer(self):  # type: ignore[no-untyped-def]
+        return self.tokenizer
+
+    # ------------------------------------------------------------------ requests
+    def tokenize_prompt(self, prompt: PromptType) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, dict):
+            if "prompt_token_ids" in prompt:
+                return prompt.get("prompt"), list(prompt["prompt_token_ids"])
+            if "prompt" in prompt:
+                prompt = prompt["prompt"]
+            else:
+                raise ValueError("A prompt dict needs 'prompt' or 'prompt_token_ids'.")
+        if isinstance(prompt, str):
+            return prompt, self.tokenizer(prompt).input_ids
+        if isinstance(prompt, (list, tuple)) and all(isinstance(t, int) for t in prompt):
+            return None, list(prompt)
+        raise ValueError(f"Unsupported prompt type {type(prompt).__name__}; pass str, list[int] or a dict.")
+
+    def validate(self, prompt_ids: list[int], params: SamplingParams) -> int:
+        """Return the resolved max_tokens or raise RequestValidationError with vLLM's wording."""
+        L, P = self.max_model_len, len(prompt_ids)
+        if P == 0:
+            raise RequestValidationError("The prompt cannot be empty.", "prompt")
+        vocab = self.model_config.vocab_size
+        if any(t < 0 or t >= vocab for t in prompt_ids):
+            raise RequestValidationError(f"Token id out of vocabulary (0..{vocab - 1}) in the prompt.", "prompt")
+        mt = params.max_tokens
+        if mt is not None and mt > L:
+            raise RequestValidationError(
+                f"max_tokens={mt} cannot be greater than max_model_len={L}. Please request fewer output tokens.",
+                "max_tokens",
+            )
+        if mt is None:
+            if P >= L:
+                raise RequestValidationError(
+                    f"This model's maximum context length is {L} tokens. However, your request has {P} input "
+                    "tokens. Please reduce the length of the input messages.",
+                    "input_tokens",
+                )
+            mt = L - P
+        elif P + mt > L:
+            raise RequestValidationError(
+                f"This model's maximum context length is {L} tokens. However, you requested {mt} output tokens "
+                f"and your prompt contains {P} input tokens, for a total of {P + mt} tokens. Please reduce the "
+                "length of the input prompt or the number of requested output tokens.",
+                "input_tokens",
+            )
+        need = self.block_manager.blocks_needed(P + mt + self.scheduler.lookahead)
+        if need > self.block_manager.num_blocks:
+            raise RequestValidationError(
+                f"The request needs {need} KV-cache blocks ({P} prompt + {mt} output tokens) but the cache holds "
+                f"only {self.block_manager.num_blocks}; request fewer tokens.",
+                "max_tokens",
+            )
+        return mt
+
+    def add_request(
+        self, request_id: str | None, prompt: PromptType, params: SamplingParams | None = None
+    ) -> str:
+        params = params.clone() if params is not None else SamplingParams()
+        rid = request_id if request_id is not None else str(next(self.counter))
+        if rid in self.parents:
+            raise ValueError(f"Request id {rid!r} is already in use.")
+        text, ids = self.tokenize_prompt(prompt)
+        max_tokens = self.validate(ids, params)
+        params._all_stop_token_ids = set(params.stop_token_ids or [])
+        if not params.ignore_eos:
+            params._all_stop_token_ids |= self.eos_token_ids
+        children = []
+        for i in range(params.n):
+            p = params
+            if params.n > 1 and params.seed is not None:
+                p = params.clone()
+                p.seed = params.seed + i
+            req = Request(
+                request_id=rid if params.n == 1 else f"{rid}#{i}",
+                prompt_token_ids=ids,
+                params=p,
+                max_tokens=max_tokens,
+                prompt=text,
+                parent_id=rid,
+                index=i,
+            )
+            children.append(req)
+        self.parents[rid] = _Parent(rid, text, ids, children)
+        for req in children:
+            self.requests[req.request_id] = req
+            self.scheduler.add(req)
+        return rid
+
+    def abort_request(self, request_id: str) -> None:
+        parent = self.parents.pop(request_id, None)
+        if parent is None:
+            return
+        for req in parent.children:
+            if not req.is_finished:
+                self.scheduler.finish(req, RequestStatus.FINISHED_ABORTED)
+            self.requests.pop(req.request_id, None)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    # ------------------------------------------------------------------ the step
+    def step(self) -> list[RequestOutput]:
+        sched = self.scheduler.schedule()
+        if not sched.scheduled:
+            if self.scheduler.waiting and not self.scheduler.running:
+                # nothing fits even alone (should have been rejected at add time): fail the head request
+                req = self.scheduler.waiting[0]
+                self.scheduler.finish(req, RequestStatus.FINISHED_ABORTED)
+                return self._outputs_for({req.parent_id or req.request_id})
+            return []
+        result = self.runner.execute(sched)
+        touched: set[str] = set()
+        now = time.monotonic()
+        for s in sched.scheduled:
+            req = s.req
+            out = result.outputs[req.request_id]
+            if not out.new_token_ids:
+                req.num_computed_tokens += s.num_new_tokens
+                self.block_manager.cache_full_blocks(req)
+                continue
+            if out.num_draft:
+                self.spec_stats.observe(out.num_draft, out.num_accepted)
+            # tokens run through the target and committed: the chunk plus the accepted drafts
+            req.num_computed_tokens += s.num_new_tokens + out.num_accepted
+            if req.first_token_time is None:
+                req.first_token_time = now
+                self.prompt_tokens_total += req.num_prompt_tokens
+            self._append_tokens(req, out.new_token_ids, out.logprobs)
+            touched.add(req.parent_id or req.request_id)
+            if req.is_finished:
+                self.scheduler.finish(req, req.status)
+                self.request_success[req.status.value] = self.request_success.get(req.status.value, 0) + 1
+            else:
+                self.block_manager.cache_full_blocks(req)
+                req.spec_token_ids = result.drafts.get(req.request_id, [])
+        self._maybe_log()
+        return self._outputs_for(touched)
+
+    def _append_tokens(
+        self, req: Request, tokens: list[int], logprobs: list[tuple[float, int, list[int], list[float]]] | None
+    ) -> None:
+        p = req.params
+        stop_ids = p._all_stop_token_ids
+        for j, tok in enumerate(tokens):
+            req.token_ids.append(tok)
+            self.generation_tokens_total += 1
+            if logprobs is not None:
+                self._record_logprob(req, tok, logprobs[j])
+            n_out = req.num_output_tokens
+            if n_out >= p.min_tokens and tok in stop_ids:
+                req.status = RequestStatus.FINISHED_STOPPED
+                req.stop_reason = None if tok in self.eos_token_ids and tok not in (p.stop_token_ids or []) else tok
+                self._detokenize(req)
+                return
+            stop = self._detokenize(req)
+            if stop is not None and n_out >= p.min_tokens:
+                req.status = RequestStatus.FINISHED_STOPPED
+                req.stop_reason = stop
+                return
+            if n_out >= req.max_tokens or req.num_tokens >= self.max_model_len:
+                req.status = RequestStatus.FINISHED_LENGTH
+                return
+
+    def _record_logprob(self, req: Request, tok: int, lp: tuple[float, int, list[int], list[float]]) -> None:
+        chosen, rank, top_ids, top_lps = lp
+        d: dict[int, Logprob] = {tok: Logprob(chosen, rank, self.tokenizer.decode([tok]))}
+        for tid, tl in zip(top_ids, top_lps):
+            if tid not in d:
+                d[tid] = Logprob(tl, len(d) if tid != tok else rank, self.tokenizer.decode([tid]))
+        for r, tid in enumerate(top_ids):
+            if tid in d and tid != tok:
+                d[tid].rank = r + 1
+        req.output_logprobs.append(d)
+        req.cumulative_logprob += chosen
+
+    def _detokenize(self, req: Request) -> str | None:
+        """Refresh req.output_text; return the stop string that matched (text truncated before it), if any."""
+        p = req.params
+        text = self.tokenizer.decode(req.output_token_ids, skip_special_tokens=p.skip_special_tokens)
+        if text.endswith("\ufffd"):
+            text = text.rstrip("\ufffd")  # incomplete UTF-8 sequence: wait for the next token
+        prev_len = len(req.output_text)
+        req.output_text = text
+        if not p.stop:
+            return None
+        longest = max(len(s) for s in p.stop)
+        search_from = max(0, prev_len - longest + 1)
+        best: tuple[int, str] | None = None
+        for s in p.stop:
+            i = text.find(s, search_from)
+            if i != -1 and (best is None or i < best[0]):
+                best = (i, s)
+        if best is None:
+            return None
+        i, s = best
+        req.output_text = text[: i + len(s)] if p.include_stop_str_in_output else text[:i]
+        return s
+
+    def _outputs_for(self, parent_ids: set[str]) -> list[RequestOutput]:
+        outs = []
+        for pid in parent_ids:
+            parent = self.parents.get(pid)
+            if parent is None:
+                continue
+            finished = all(c.is_finished for c in parent.children)
+            outs.append(self.make_output(parent, finished))
+            if finished:
+                self.parents.pop(pid, None)
+                for c in parent.children:
+                    self.requests.pop(c.request_id, None)
+        return outs
+
+    def make_output(self, parent: _Parent, finished: bool) -> RequestOutput:
+        comps = []
+        for c in parent.children:
+            comps.append(
+                CompletionOutput(
+                    index=c.index,
+                    text=c.output_text,
+                    token_ids=list(c.output_token_ids),
+                    cumulative_logprob=c.cumulative_logprob if c.params.logprobs is not None else None,
+                    logprobs=list(c.output_logprobs) if c.params.logprobs is not None else None,
+                    finish_reason=c.finish_reason,
+                    stop_reason=c.stop_reason,
+                )
+            )
+        first = parent.children[0]
+        return RequestOutput(
+            request_id=parent.request_id,
+            prompt=parent.prompt,
+            prompt_token_ids=parent.prompt_token_ids,
+            outputs=comps,
+            finished=finished,
+            num_cached_tokens=first.num_cached_tokens,
+            metrics={
+                "arrival_time": first.arrival_time,
+                "first_token_time": first.first_token_time or 0.0,
+            },
+        )
+
+    # ------------------------------------------------------------------ metrics
+    def get_metrics(self) -> dict[str, Any]:
+        s = self.spec_stats
+        return {
+            "num_requests_running": len(self.scheduler.running),
+            "num_requests_waiting": len(self.scheduler.waiting),
+            "kv_cache_usage_perc": self.block_manager.usage(),
+            "num_gpu_blocks": self.block_manager.num_blocks,
+            "num_free_blocks": self.block_manager.num_free_blocks,
+            "prompt_tokens_total": self.prompt_tokens_total,
+            "generation_tokens_total": self.generation_tokens_total,
+            "num_preemptions_total": self.scheduler.num_preemptions,
+            "request_success_total": dict(self.request_success),
+            "prefix_cache_queries": self.block_manager.prefix_queries,
+            "prefix_cache_hits": self.block_manager.prefix_hits,
+            "num_speculative_tokens": self.num_spec,
+            "spec_decode_num_drafts": s.num_drafts,
+            "spec_decode_num_draft_tokens": s.num_draft_tokens,
+            "spec_decode_num_accepted_tokens": s.num_accepted_tokens,
+            "spec_decode_num_accepted_tokens_per_pos": (
+                (s.accepted_per_pos + [0] * self.num_spec)[: self.num_spec] if self.num_spec else []
+            ),
+        }
+
+    def _maybe_log(self) -> None:
+        if self.config.disable_log_stats:
+            return
+        now = time.monotonic()
+        elapsed = now - self._last_log
+        if elapsed < self.config.log_stats_interval:
+            return
+        p0, g0 = self._last_tokens
+        logger.info(
+            "Avg prompt throughput: %.1f tokens/s, Avg generation throughput: %.1f tokens/s, Running: %d reqs, "
+            "Waiting: %d reqs, GPU KV cache usage: %.1f%%, Prefix cache hit rate: %.1f%%",
+            (self.prompt_tokens_total - p0) / elapsed,
+            (self.generation_tokens_total - g0) / elapsed,
+            len(self.scheduler.running),
+            len(self.scheduler.waiting),
+            100 * self.block_manager.usage(),
+            100 * self.block_manager.prefix_hits / max(1, self.block_manager.prefix_queries),
+        )
+        if self.num_spec:
+            logger.info(spec_log_line(self.spec_stats, self._last_spec, elapsed, self.num_spec))
+        self._last_log = now
+        self._last_spec = self.spec_stats.snapshot()
+        self._last_tokens = (self.prompt_tokens_total, self.generation_tokens_total)

@@ -1,0 +1,136 @@
+"""Continuous batching with chunked prefill and preemption by recompute (pure Python).
+
+Every step schedules, per request, the tokens whose KV is not yet computed (``token_ids[num_computed:]``)
+plus the drafts proposed for it in the previous step. Running requests go first (oldest first); when blocks
+run out, the newest running request is preempted (its blocks are freed and it is recomputed later). Waiting
+requests are admitted while the token budget, ``max_num_seqs`` and free blocks allow.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from specserve.engine.block_manager import BlockManager
+from specserve.engine.request import Request, RequestStatus
+
+
+@dataclass
+class ScheduledRequest:
+    req: Request
+    num_new_tokens: int  # committed tokens to run (prompt chunk, or 1 for decode)
+    spec_token_ids: list[int]  # drafts appended after them (verified this step)
+
+    @property
+    def start(self) -> int:
+        return self.req.num_computed_tokens
+
+    @property
+    def samples(self) -> bool:
+        """True when this step reaches the end of the request's known tokens (so a token is sampled)."""
+        return self.req.num_computed_tokens + self.num_new_tokens == self.req.num_tokens
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled: list[ScheduledRequest]
+    preempted: list[Request]
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.num_new_tokens + len(s.spec_token_ids) for s in self.scheduled)
+
+
+class Scheduler:
+    def __init__(
+        self,
+        block_manager: BlockManager,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        max_model_len: int,
+        num_lookahead_slots: int = 0,
+    ) -> None:
+        self.bm = block_manager
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_model_len = max_model_len
+        # slots reserved past the scheduled tokens (the drafter writes its block there: K+1 with speculation)
+        self.lookahead = num_lookahead_slots
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.num_preemptions = 0
+
+    def add(self, req: Request) -> None:
+        self.waiting.append(req)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def _slots_needed(self, req: Request, n: int) -> int:
+        return req.num_computed_tokens + n + self.lookahead
+
+    def _preempt(self, req: Request) -> None:
+        self.bm.free_request(req)
+        req.status = RequestStatus.WAITING
+        req.num_computed_tokens = 0
+        req.spec_token_ids = []
+        req.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(req)
+
+    def schedule(self) -> SchedulerOutput:
+        budget = self.max_num_batched_tokens
+        scheduled: list[ScheduledRequest] = []
+        preempted: list[Request] = []
+        i = 0
+        while i < len(self.running) and budget > 0:
+            req = self.running[i]
+            n = req.num_tokens - req.num_computed_tokens
+            spec = req.spec_token_ids if n == 1 else []
+            n = min(n, budget)
+            spec = spec[: max(0, budget - n)]
+            while not self.bm.allocate(req, self._slots_needed(req, n + len(spec))):
+                victim = self.running.pop()
+                self._preempt(victim)
+                preempted.append(victim)
+                if victim is req:
+                    break
+            else:
+                req.spec_token_ids = spec
+                scheduled.append(ScheduledRequest(req, n, list(spec)))
+                budget -= n + len(spec)
+                i += 1
+                continue
+            break  # the request itself was preempted: nothing after it can run either
+        # admit waiting requests (never the ones preempted in this very step)
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not preempted:
+            req = self.waiting[0]
+            if req.num_computed_tokens == 0 and not req.block_table:
+                hits = self.bm.match_prefix(req)
+                if hits and not self.bm.can_allocate(
+                    req, self._slots_needed(req, 0) + len(hits) * self.bm.block_size
+                ):
+                    hits = []
+                self.bm.allocate_prefix(req, hits)
+            n = min(req.num_tokens - req.num_computed_tokens, budget)
+            if not self.bm.allocate(req, self._slots_needed(req, n)):
+                self.bm.free_request(req)
+                req.num_computed_tokens = 0
+                break
+            self.waiting.popleft()
+            req.status = RequestStatus.RUNNING
+            self.running.append(req)
+            scheduled.append(ScheduledRequest(req, n, []))
+            budget -= n
+        return SchedulerOutput(scheduled, preempted)
+
+    def finish(self, req: Request, status: RequestStatus) -> None:
+        req.status = status
+        if req in self.running:
+            self.running.remove(req)
+        else:
+            try:
+                self.waiting.remove(req)
+            except ValueError:
+                pass
+        self.bm.free_request(req)

@@ -1,0 +1,114 @@
+"""Paged attention: batch metadata and the backend interface (torch reference on CPU, Triton on GPU)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class AttnMetadata:
+    """Varlen batch description shared by every attention layer of one forward.
+
+    Request b has queries ``q[query_start_loc[b]:query_start_loc[b+1]]`` at absolute positions
+    ``seq_lens[b] - q_len_b + j``; its K/V (including the new tokens) live at the slots given by
+    its block table. ``slot_mapping`` says where each new token's K/V is written (-1: nowhere).
+    """
+
+    query_start_loc: torch.Tensor  # int32 [B+1]
+    seq_lens: torch.Tensor  # int32 [B]
+    block_tables: torch.Tensor  # int32 [B, max_blocks]
+    slot_mapping: torch.Tensor  # int64 [T]
+    max_query_len: int
+    max_seq_len: int
+    causal: bool = True
+
+
+class AttentionBackend:
+    """Stores new K/V into a layer's paged cache and attends over it."""
+
+    name = "base"
+
+    def store(
+        self, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor
+    ) -> None:
+        raise NotImplementedError
+
+    def attend(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttnMetadata,
+        *,
+        causal: bool,
+        sliding_window: int | None,
+        scale: float,
+    ) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class TorchAttentionBackend(AttentionBackend):
+    """Reference backend: works on CPU and GPU for any mix of prefill chunks, decode and verify blocks."""
+
+    name = "torch"
+
+    def store(self, k, v, k_cache, v_cache, slots):  # type: ignore[no-untyped-def]
+        from specserve.layers.attention_ref import store_kv_ref
+
+        store_kv_ref(k, v, k_cache, v_cache, slots)
+
+    def attend(self, q, k_cache, v_cache, meta, *, causal, sliding_window, scale):  # type: ignore[no-untyped-def]
+        from specserve.layers.attention_ref import paged_attention_ref
+
+        return paged_attention_ref(
+            q,
+            k_cache,
+            v_cache,
+            meta.query_start_loc,
+            meta.seq_lens,
+            meta.block_tables,
+            causal=causal,
+            sliding_window=sliding_window,
+            scale=scale,
+            max_seq_len=meta.max_seq_len,
+        )
+
+
+class TritonAttentionBackend(AttentionBackend):
+    """GPU backend: Triton kernels, no host syncs, CUDA-graph capturable."""
+
+    name = "triton"
+
+    def store(self, k, v, k_cache, v_cache, slots):  # type: ignore[no-untyped-def]
+        from specserve.layers.triton_attention import store_kv
+
+        store_kv(k, v, k_cache, v_cache, slots)
+
+    def attend(self, q, k_cache, v_cache, meta, *, causal, sliding_window, scale):  # type: ignore[no-untyped-def]
+        from specserve.layers.triton_attention import paged_attention
+
+        return paged_attention(
+            q,
+            k_cache,
+            v_cache,
+            meta.query_start_loc,
+            meta.seq_lens,
+            meta.block_tables,
+            causal=causal,
+            sliding_window=sliding_window,
+            scale=scale,
+            max_query_len=meta.max_query_len,
+            max_seq_len=meta.max_seq_len,
+        )
+
+
+def make_backend(name: str, device: torch.device) -> AttentionBackend:
+    if name == "auto":
+        name = "triton" if device.type == "cuda" else "torch"
+    if name == "torch":
+        return TorchAttentionBackend()
+    if name == "triton":
+        return TritonAttentionBackend()
+    raise ValueError(f"attention_backend must be auto, torch or triton; got {name!r}.")

@@ -1,0 +1,134 @@
+"""Offline API shaped like vLLM's ``LLM``."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from specserve.config import EngineConfig, SpeculativeConfig
+from specserve.engine.engine import LLMEngine, PromptType
+from specserve.outputs import RequestOutput
+from specserve.sampling_params import SamplingParams
+
+
+class LLM:
+    """``LLM(model).generate(prompts, SamplingParams(...))`` -> list of RequestOutput in input order."""
+
+    def __init__(
+        self,
+        model: str | None = None,
+        tokenizer: str | None = None,
+        dtype: str = "auto",
+        device: str = "auto",
+        max_model_len: int | None = None,
+        max_num_seqs: int = 8,
+        max_num_batched_tokens: int | None = None,
+        enable_prefix_caching: bool = True,
+        seed: int = 0,
+        speculative_config: dict[str, Any] | str | SpeculativeConfig | None = None,
+        enforce_eager: bool = False,
+        gpu_memory_utilization: float = 0.9,
+        num_gpu_blocks: int | None = None,
+        block_size: int = 16,
+        trust_remote_code: bool = False,
+        generation_config: str = "auto",
+        disable_log_stats: bool = True,
+        attention_backend: str = "auto",
+        **kwargs: Any,
+    ) -> None:
+        if kwargs:
+            raise ValueError(f"Unknown LLM argument(s): {', '.join(sorted(kwargs))}.")
+        self.config = EngineConfig(
+            model=model,
+            tokenizer=tokenizer,
+            dtype=dtype,
+            device=device,
+            max_model_len=max_model_len,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            enable_prefix_caching=enable_prefix_caching,
+            seed=seed,
+            speculative_config=speculative_config,  # type: ignore[arg-type]
+            enforce_eager=enforce_eager,
+            gpu_memory_utilization=gpu_memory_utilization,
+            num_gpu_blocks=num_gpu_blocks,
+            block_size=block_size,
+            trust_remote_code=trust_remote_code,
+            generation_config=generation_config,
+            disable_log_stats=disable_log_stats,
+            attention_backend=attention_backend,
+        )
+        self.engine = LLMEngine(self.config)
+
+    def get_tokenizer(self):  # type: ignore[no-untyped-def]
+        return self.engine.tokenizer
+
+    def get_metrics(self) -> dict[str, Any]:
+        return self.engine.get_metrics()
+
+    def generate(
+        self,
+        prompts: PromptType | Sequence[PromptType],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = False,
+    ) -> list[RequestOutput]:
+        if isinstance(prompts, (str, dict)) or (
+            isinstance(prompts, list) and prompts and all(isinstance(t, int) for t in prompts)
+        ):
+            prompts = [prompts]  # type: ignore[list-item]
+        prompts = list(prompts)  # type: ignore[arg-type]
+        if sampling_params is None:
+            sampling_params = SamplingParams()
+        if isinstance(sampling_params, SamplingParams):
+            params_list = [sampling_params] * len(prompts)
+        else:
+            params_list = list(sampling_params)
+            if len(params_list) != len(prompts):
+                raise ValueError("The lengths of prompts and sampling_params must be the same.")
+        # validate everything before adding anything, so a bad prompt does not leave others half-queued
+        ids = []
+        for prompt, params in zip(prompts, params_list):
+            _, toks = self.engine.tokenize_prompt(prompt)
+            self.engine.validate(toks, params)
+            ids.append(self.engine.add_request(None, prompt, params))
+        return self._run(ids, use_tqdm)
+
+    def chat(
+        self,
+        messages: list[dict[str, Any]] | list[list[dict[str, Any]]],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = False,
+        add_generation_prompt: bool = True,
+        chat_template_kwargs: dict[str, Any] | None = None,
+    ) -> list[RequestOutput]:
+        convs = [messages] if messages and isinstance(messages[0], dict) else messages
+        tok = self.engine.tokenizer
+        prompts: list[PromptType] = []
+        for conv in convs:
+            ids = tok.apply_chat_template(
+                conv, add_generation_prompt=add_generation_prompt, tokenize=True, **(chat_template_kwargs or {})
+            )
+            if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+                ids = ids["input_ids"]
+            prompts.append({"prompt_token_ids": list(ids)})
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+
+    def _run(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
+        results: dict[str, RequestOutput] = {}
+        bar = None
+        if use_tqdm:
+            from tqdm import tqdm
+
+            bar = tqdm(total=len(ids), desc="Processed prompts", dynamic_ncols=True)
+        wanted = set(ids)
+        try:
+            while len(results) < len(ids) and self.engine.has_unfinished_requests():
+                for out in self.engine.step():
+                    if out.finished and out.request_id in wanted:
+                        results[out.request_id] = out
+                        if bar is not None:
+                            bar.update(1)
+        finally:
+            if bar is not None:
+                bar.close()
+        return [results[i] for i in ids]

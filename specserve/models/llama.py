@@ -1,0 +1,202 @@
+"""One decoder for LlamaForCausalLM, Qwen2ForCausalLM and Qwen3ForCausalLM.
+
+q/k/v and gate/up are fused into one GEMM each at load time. The model sees ``(input_ids, positions)`` plus
+the attention metadata the runner built; it can return the hidden states of chosen layers (HF convention:
+index 0 = embeddings, index i+1 = output of decoder layer i) for EAGLE-3 / DFlash drafters.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from specserve.config import ModelConfig
+from specserve.layers.attention import AttentionBackend, AttnMetadata
+from specserve.layers.norm import RMSNorm
+from specserve.layers.rotary import RotaryEmbedding
+
+KVCache = tuple[torch.Tensor, torch.Tensor]
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, rope: RotaryEmbedding, in_features: int | None = None) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = (
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+            cfg.head_dim,
+        )
+        self.q_size = self.num_heads * self.head_dim
+        self.kv_size = self.num_kv_heads * self.head_dim
+        self.qkv_proj = nn.Linear(
+            in_features or cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.attention_bias
+        )
+        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=False)
+        self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.rope = rope
+        self.scale = self.head_dim**-0.5
+        self.sliding_window: int | None = None
+        self.causal = True
+
+    def project_qkv(
+        self, x: torch.Tensor, positions: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(-1, self.num_heads, self.head_dim)
+        k = k.view(-1, self.num_kv_heads, self.head_dim)
+        v = v.view(-1, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self.rope(positions, q, k)
+        return q, k, v
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttnMetadata,
+        cache: KVCache,
+        backend: AttentionBackend,
+    ) -> torch.Tensor:
+        q, k, v = self.project_qkv(x, positions)
+        backend.store(k, v, cache[0], cache[1], meta.slot_mapping)
+        causal = self.causal and meta.causal
+        o = backend.attend(
+            q, cache[0], cache[1], meta, causal=causal, sliding_window=self.sliding_window, scale=self.scale
+        )
+        return self.o_proj(o.reshape(-1, self.q_size))
+
+
+class MLP(nn.Module):
+    def __init__(self, hidden: int, intermediate: int) -> None:
+        super().__init__()
+        self.intermediate = intermediate
+        self.gate_up_proj = nn.Linear(hidden, 2 * intermediate, bias=False)
+        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, rope: RotaryEmbedding) -> None:
+        super().__init__()
+        self.self_attn = Attention(cfg, rope)
+        self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(
+        self,
+        h: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttnMetadata,
+        cache: KVCache,
+        backend: AttentionBackend,
+    ) -> torch.Tensor:
+        h = h + self.self_attn(self.input_layernorm(h), positions, meta, cache, backend)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class DecoderLM(nn.Module):
+    """Llama / Qwen2 / Qwen3 causal LM over a paged KV cache."""
+
+    def __init__(self, cfg: ModelConfig, max_position: int) -> None:
+        super().__init__()
+        self.config = cfg
+        self.rope = RotaryEmbedding(
+            cfg.head_dim, max(max_position, 1), cfg.rope_theta, cfg.rope_scaling
+        )
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList([DecoderLayer(cfg, self.rope) for _ in range(cfg.num_hidden_layers)])
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
+        # hidden-state indices to tap (HF convention), set by the speculative proposer
+        self.tap_indices: list[int] = []
+        self.kv_caches: list[KVCache] = []
+        self.backend: AttentionBackend | None = None
+
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttnMetadata
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Returns (final normed hidden [T, H], concatenated taps [T, n_taps*H] or None)."""
+        assert self.backend is not None and self.kv_caches, "runner must bind KV caches and a backend"
+        h = self.embed_tokens(input_ids)
+        taps: list[torch.Tensor] = []
+        want = self.tap_indices
+        if 0 in want:
+            taps.append(h)
+        for i, layer in enumerate(self.layers):
+            h = layer(h, positions, meta, self.kv_caches[i], self.backend)
+            if i + 1 in want:
+                taps.append(h)
+        aux = None
+        if want:
+            order = sorted(want)
+            aux = torch.cat([taps[order.index(j)] for j in want], dim=-1)
+        return self.norm(h), aux
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden)
+
+    @torch.no_grad()
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Load HF-named tensors, fusing q/k/v and gate/up. Unknown names raise; missing ones are reported."""
+        params = dict(self.named_parameters())
+        loaded: set[str] = set()
+        cfg = self.config
+        q_size = cfg.num_attention_heads * cfg.head_dim
+        kv_size = cfg.num_key_value_heads * cfg.head_dim
+        fused = {
+            "q_proj": ("qkv_proj", 0, q_size),
+            "k_proj": ("qkv_proj", q_size, kv_size),
+            "v_proj": ("qkv_proj", q_size + kv_size, kv_size),
+            "gate_proj": ("gate_up_proj", 0, cfg.intermediate_size),
+            "up_proj": ("gate_up_proj", cfg.intermediate_size, cfg.intermediate_size),
+        }
+        for name, tensor in weights:
+            if name.startswith("model."):
+                name = name[len("model.") :]
+            if "rotary_emb" in name:
+                continue
+            if name == "lm_head.weight" and cfg.tie_word_embeddings:
+                continue
+            parts = name.split(".")
+            target = name
+            rows: tuple[int, int] | None = None
+            for key, (fname, start, size) in fused.items():
+                if len(parts) >= 2 and parts[-2] == key:
+                    target = ".".join(parts[:-2] + [fname, parts[-1]])
+                    rows = (start, size)
+                    break
+            if target not in params:
+                raise ValueError(f"Unexpected weight {name!r} in checkpoint for {cfg.architecture}.")
+            p = params[target]
+            if rows is None:
+                if p.shape != tensor.shape:
+                    raise ValueError(f"Weight {name!r} has shape {tuple(tensor.shape)}, expected {tuple(p.shape)}.")
+                p.copy_(tensor)
+                loaded.add(target)
+            else:
+                p[rows[0] : rows[0] + rows[1]].copy_(tensor)
+                loaded.add(f"{target}:{rows[0]}")
+        expected = 0
+        for pname in params:
+            if pname.endswith(("qkv_proj.weight", "qkv_proj.bias")):
+                expected += 3
+            elif pname.endswith("gate_up_proj.weight"):
+                expected += 2
+            elif pname == "lm_head.weight" and cfg.tie_word_embeddings:
+                continue
+            else:
+                expected += 1
+        if len(loaded) < expected:
+            missing = [p for p in params if not any(s.startswith(p) for s in loaded)]
+            raise ValueError(f"Checkpoint is missing weights: {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}")

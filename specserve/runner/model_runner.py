@@ -1,0 +1,331 @@
+"""The model runner owns every tensor: weights, paged KV caches, the step's input buffers, sampling.
+
+``execute`` runs one engine step: the target over every scheduled token (prefill chunks, decode tokens and
+draft blocks to verify, in one varlen batch), verification / sampling of the rows that end a request's known
+tokens, then the proposer, which drafts the next step's tokens from this step's target features.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import torch
+
+from specserve.config import EngineConfig, ModelConfig
+from specserve.engine.scheduler import SchedulerOutput
+from specserve.layers.attention import AttnMetadata, make_backend
+from specserve.layers.sampler import SamplingTensors, compute_logprobs, gather_logprobs, sample
+from specserve.models.llama import DecoderLM
+from specserve.spec.proposer import DraftInput, Proposer
+from specserve.spec.rejection import rejection_sample
+
+logger = logging.getLogger("specserve")
+
+
+@dataclass
+class RequestStepOutput:
+    new_token_ids: list[int] = field(default_factory=list)
+    num_draft: int = 0
+    num_accepted: int = 0
+    # per new token: (chosen logprob, chosen rank, top ids, top logprobs)
+    logprobs: list[tuple[float, int, list[int], list[float]]] | None = None
+
+
+@dataclass
+class StepOutput:
+    outputs: dict[str, RequestStepOutput]
+    drafts: dict[str, list[int]]
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError("device 'cuda' requested but no CUDA device is available.")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str, hf_dtype: object, device: torch.device) -> torch.dtype:
+    names = {
+        "float32": torch.float32,
+        "float": torch.float32,
+        "fp32": torch.float32,
+        "bfloat16": torch.bfloat16,
+        "bf16": torch.bfloat16,
+        "float16": torch.float16,
+        "half": torch.float16,
+        "fp16": torch.float16,
+    }
+    if dtype != "auto":
+        return names[dtype]
+    if device.type == "cpu":
+        return torch.float32
+    if isinstance(hf_dtype, torch.dtype):
+        return torch.bfloat16 if hf_dtype == torch.float32 else hf_dtype
+    if isinstance(hf_dtype, str) and hf_dtype in names:
+        d = names[hf_dtype]
+        return torch.bfloat16 if d == torch.float32 else d
+    return torch.bfloat16
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        config: EngineConfig,
+        model_config: ModelConfig,
+        weights: object,
+        device: torch.device,
+        dtype: torch.dtype,
+        max_model_len: int,
+        checkpoint: object = None,
+    ) -> None:
+        self.config = config
+        self.model_config = model_config
+        self.device = device
+        self.dtype = dtype
+        self.max_model_len = max_model_len
+        self.block_size = config.block_size
+        spec = config.speculative_config
+        k = spec.num_speculative_tokens if spec else 0
+        self.num_speculative_tokens = k
+        with torch.device(device):
+            prev = torch.get_default_dtype()
+            torch.set_default_dtype(dtype)
+            try:
+                self.model = DecoderLM(model_config, max_position=max_model_len + 2 * k + 8)
+            finally:
+                torch.set_default_dtype(prev)
+        self.model.load_weights(weights)  # type: ignore[arg-type]
+        self.model.eval().requires_grad_(False)
+        self.model.rope.to(device)
+        self.backend = make_backend(config.attention_backend, device)
+        self.model.backend = self.backend
+        self.proposer: Proposer | None = None
+        if spec is not None:
+            from specserve.spec import build_proposer
+
+            self.proposer = build_proposer(spec, self)
+            self.model.tap_indices = list(self.proposer.tap_indices)
+        self.generator = torch.Generator(device=device)
+        self.generator.manual_seed(config.seed)
+        self.num_blocks = 0
+
+    # ------------------------------------------------------------------ KV cache
+    def kv_bytes_per_block(self) -> int:
+        c = self.model_config
+        per_layer = 2 * self.block_size * c.num_key_value_heads * c.head_dim
+        total = per_layer * c.num_hidden_layers
+        spec = self.proposer.kv_cache_spec() if self.proposer else None
+        if spec:
+            total += 2 * self.block_size * spec[0] * spec[1] * spec[2]
+        return total * torch.empty((), dtype=self.dtype).element_size()
+
+    def determine_num_blocks(self) -> int:
+        if self.config.num_gpu_blocks:
+            return self.config.num_gpu_blocks
+        per_block = self.kv_bytes_per_block()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+            free, total = torch.cuda.mem_get_info(self.device)
+            used = total - free
+            budget = int(total * self.config.gpu_memory_utilization) - used
+            if budget <= 0:
+                raise ValueError(
+                    f"No memory left for the KV cache: weights and activations use {used / 2**30:.1f} GiB of "
+                    f"{total / 2**30:.1f} GiB; raise --gpu-memory-utilization ({self.config.gpu_memory_utilization})."
+                )
+        else:
+            budget = int(self.config.cpu_kv_cache_gb * 2**30)
+        # never more than needed for max_num_seqs full-length sequences (keeps CPU memory modest)
+        cap = self.config.max_num_seqs * (-(-(self.max_model_len + 64) // self.block_size) + 1)
+        return max(1, min(budget // per_block, cap))
+
+    def allocate_kv_cache(self, num_blocks: int) -> None:
+        c = self.model_config
+        shape = (num_blocks, self.block_size, c.num_key_value_heads, c.head_dim)
+        self.model.kv_caches = [
+            (torch.zeros(shape, dtype=self.dtype, device=self.device), torch.zeros(shape, dtype=self.dtype, device=self.device))
+            for _ in range(c.num_hidden_layers)
+        ]
+        spec = self.proposer.kv_cache_spec() if self.proposer else None
+        if spec and self.proposer is not None:
+            layers, heads, hd = spec
+            dshape = (num_blocks, self.block_size, heads, hd)
+            self.proposer.bind_kv_caches(
+                [
+                    (torch.zeros(dshape, dtype=self.dtype, device=self.device), torch.zeros(dshape, dtype=self.dtype, device=self.device))
+                    for _ in range(layers)
+                ],
+                self.block_size,
+            )
+        self.num_blocks = num_blocks
+        logger.info(
+            "KV cache: %d blocks of %d tokens (%.1f MiB); max concurrency for %d-token requests: %.2fx",
+            num_blocks,
+            self.block_size,
+            num_blocks * self.kv_bytes_per_block() / 2**20,
+            self.max_model_len,
+            num_blocks * self.block_size / self.max_model_len,
+        )
+
+    # ------------------------------------------------------------------ helpers
+    def build_metadata(
+        self, q_lens: list[int], seq_lens: list[int], block_tables: list[list[int]], slots: list[int], causal: bool = True
+    ) -> AttnMetadata:
+        dev = self.device
+        qsl = [0]
+        for n in q_lens:
+            qsl.append(qsl[-1] + n)
+        width = max((len(b) for b in block_tables), default=1) or 1
+        bt = torch.zeros((len(block_tables), width), dtype=torch.int32)
+        for i, b in enumerate(block_tables):
+            if b:
+                bt[i, : len(b)] = torch.tensor(b, dtype=torch.int32)
+        return AttnMetadata(
+            query_start_loc=torch.tensor(qsl, dtype=torch.int32, device=dev),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
+            block_tables=bt.to(dev),
+            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
+            max_query_len=max(q_lens, default=1),
+            max_seq_len=max(seq_lens, default=1),
+            causal=causal,
+        )
+
+    def slot(self, block_table: list[int], pos: int) -> int:
+        return block_table[pos // self.block_size] * self.block_size + pos % self.block_size
+
+    def generator_for(self, req) -> torch.Generator | None:  # type: ignore[no-untyped-def]
+        if req.params.seed is None:
+            return None
+        if req.generator is None:
+            g = torch.Generator(device=self.device)
+            g.manual_seed(req.params.seed)
+            req.generator = g
+        return req.generator
+
+    def _mask_min_tokens(self, logits: torch.Tensor, items: list) -> None:  # type: ignore[type-arg]
+        """Forbid stop/EOS tokens on rows whose output index is still below min_tokens."""
+        row = 0
+        for s in items:
+            p = s.req.params
+            n = 1 + len(s.spec_token_ids)
+            if p.min_tokens and p._all_stop_token_ids:
+                ids = torch.tensor(sorted(p._all_stop_token_ids), device=self.device)
+                for j in range(n):
+                    if s.req.num_output_tokens + j < p.min_tokens:
+                        logits[row + j, ids] = float("-inf")
+            row += n
+
+    # ------------------------------------------------------------------ the step
+    @torch.inference_mode()
+    def execute(self, sched: SchedulerOutput) -> StepOutput:
+        items = sched.scheduled
+        input_ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        q_lens: list[int] = []
+        seq_lens: list[int] = []
+        tables: list[list[int]] = []
+        for s in items:
+            req = s.req
+            start, n = s.start, s.num_new_tokens
+            toks = req.token_ids[start : start + n] + s.spec_token_ids
+            input_ids.extend(toks)
+            pos = range(start, start + len(toks))
+            positions.extend(pos)
+            slots.extend(self.slot(req.block_table, p) for p in pos)
+            q_lens.append(len(toks))
+            seq_lens.append(start + len(toks))
+            tables.append(req.block_table)
+        meta = self.build_metadata(q_lens, seq_lens, tables, slots)
+        ids_t = torch.tensor(input_ids, dtype=torch.long, device=self.device)
+        pos_t = torch.tensor(positions, dtype=torch.long, device=self.device)
+        hidden, features = self.model(ids_t, pos_t, meta)
+
+        # rows to verify / sample: for each sampling request its last 1 + num_spec rows
+        sampling = [i for i, s in enumerate(items) if s.samples]
+        outputs: dict[str, RequestStepOutput] = {s.req.request_id: RequestStepOutput() for s in items}
+        offsets = [0]
+        for n in q_lens:
+            offsets.append(offsets[-1] + n)
+        emitted: list[list[int]] = [[] for _ in items]
+        if sampling:
+            rows: list[int] = []
+            for i in sampling:
+                s = items[i]
+                first = offsets[i] + s.num_new_tokens - 1
+                rows.extend(range(first, first + 1 + len(s.spec_token_ids)))
+            logits = self.model.compute_logits(hidden[torch.tensor(rows, device=self.device)]).float()
+            reqs = [items[i].req for i in sampling]
+            self._mask_min_tokens(logits, [items[i] for i in sampling])
+            gens = [self.generator_for(r) for r in reqs]
+            st = SamplingTensors.from_params([r.params for r in reqs], gens, self.device)
+            num_draft = [len(items[i].spec_token_ids) for i in sampling]
+            kmax = max(num_draft)
+            if kmax == 0:
+                tokens = sample(logits, st, self.generator).tolist()
+                per_req = [[t] for t in tokens]
+            else:
+                drafts = torch.full((len(sampling), kmax), -1, dtype=torch.long)
+                for j, i in enumerate(sampling):
+                    d = items[i].spec_token_ids
+                    if d:
+                        drafts[j, : len(d)] = torch.tensor(d)
+                out, num_emitted = rejection_sample(
+                    logits,
+                    drafts.to(self.device),
+                    torch.tensor(num_draft, device=self.device),
+                    st,
+                    fallback=self.generator,
+                )
+                out_l, ne_l = out.tolist(), num_emitted.tolist()
+                per_req = [out_l[j][: ne_l[j]] for j in range(len(sampling))]
+            want_lp = [r.params.logprobs is not None for r in reqs]
+            lp_all = compute_logprobs(logits) if any(want_lp) else None
+            row = 0
+            for j, i in enumerate(sampling):
+                s = items[i]
+                toks = per_req[j]
+                emitted[i] = toks
+                o = outputs[s.req.request_id]
+                o.new_token_ids = toks
+                o.num_draft = num_draft[j]
+                o.num_accepted = len(toks) - 1
+                if lp_all is not None and want_lp[j]:
+                    nt = reqs[j].params.logprobs or 0
+                    r_idx = torch.arange(row, row + len(toks), device=self.device)
+                    chosen, ranks, top_ids, top_lps = gather_logprobs(
+                        lp_all[r_idx], torch.tensor(toks, device=self.device), nt
+                    )
+                    o.logprobs = list(
+                        zip(chosen.tolist(), ranks.tolist(), top_ids.tolist(), top_lps.tolist())
+                    )
+                row += 1 + num_draft[j]
+
+        drafts_out: dict[str, list[int]] = {}
+        if self.proposer is not None:
+            inputs: list[DraftInput] = []
+            for i, s in enumerate(items):
+                req = s.req
+                new = emitted[i]
+                committed = req.token_ids + new if new else req.token_ids
+                num_valid = s.num_new_tokens + (len(new) - 1 if new else 0)
+                remaining_len = self.max_model_len - len(committed) - 1
+                remaining_out = req.max_tokens - (req.num_output_tokens + len(new)) - 1
+                inputs.append(
+                    DraftInput(
+                        token_ids=committed,
+                        start=s.start,
+                        num_valid=num_valid,
+                        row_offset=offsets[i],
+                        block_table=req.block_table,
+                        draft=bool(new),
+                        max_drafts=max(0, min(remaining_len, remaining_out)),
+                    )
+                )
+            proposals = self.proposer.propose(inputs, features)
+            for s, d in zip(items, proposals):
+                if d:
+                    drafts_out[s.req.request_id] = d
+        return StepOutput(outputs, drafts_out)

@@ -1,0 +1,70 @@
+"""The narrow interface every drafter implements, so DFlash, EAGLE-3 and n-gram swap freely."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class DraftInput:
+    """What a proposer learns about one request after a target step."""
+
+    token_ids: list[int]  # committed tokens after this step (incl. the new bonus token when one was sampled)
+    start: int  # first position the target ran this step
+    num_valid: int  # rows of this step's target output that are committed (1+accepted, or the prefill chunk)
+    row_offset: int  # index of the first such row in the step's flattened target output
+    block_table: list[int]
+    draft: bool  # propose drafts for the next step (a token was sampled and the request goes on)
+    max_drafts: int  # cap from max_model_len / max_tokens
+
+
+class Proposer:
+    """Proposes up to ``num_speculative_tokens`` drafts per request from the step that just ran."""
+
+    method = "base"
+
+    def __init__(self, num_speculative_tokens: int) -> None:
+        self.num_speculative_tokens = num_speculative_tokens
+
+    @property
+    def tap_indices(self) -> list[int]:
+        """Target hidden-state indices to capture (HF convention: i+1 = output of layer i)."""
+        return []
+
+    @property
+    def uses_kv_cache(self) -> bool:
+        return False
+
+    @property
+    def drop_last_cached_block(self) -> bool:
+        """True when the drafter's KV at a block's last slot depends on the next token (EAGLE)."""
+        return False
+
+    def kv_cache_spec(self) -> tuple[int, int, int] | None:
+        """(num_layers, num_kv_heads, head_dim) of the drafter's paged cache, or None."""
+        return None
+
+    def bind_kv_caches(self, caches: list[tuple[torch.Tensor, torch.Tensor]], block_size: int) -> None:
+        pass
+
+    def propose(self, inputs: list[DraftInput], features: torch.Tensor | None) -> list[list[int]]:
+        raise NotImplementedError
+
+
+class NgramProposer(Proposer):
+    method = "ngram"
+
+    def __init__(self, num_speculative_tokens: int, min_n: int, max_n: int) -> None:
+        super().__init__(num_speculative_tokens)
+        self.min_n, self.max_n = min_n, max_n
+
+    def propose(self, inputs: list[DraftInput], features: torch.Tensor | None) -> list[list[int]]:
+        from specserve.spec.ngram import ngram_propose
+
+        out: list[list[int]] = []
+        for inp in inputs:
+            k = min(self.num_speculative_tokens, inp.max_drafts)
+            out.append(ngram_propose(inp.token_ids, self.min_n, self.max_n, k)[:k] if inp.draft and k > 0 else [])
+        return out
