@@ -43,7 +43,11 @@ class ModelConfig:
         arch = archs[0] if archs else ""
         if not arch:
             mt = getattr(hf, "model_type", "")
-            arch = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}.get(mt, "")
+            arch = {
+                "llama": "LlamaForCausalLM",
+                "qwen2": "Qwen2ForCausalLM",
+                "qwen3": "Qwen3ForCausalLM",
+            }.get(mt, "")
         if arch not in SUPPORTED_ARCHITECTURES:
             raise ValueError(
                 f"Unsupported architecture {arch or '<none>'!r}; specserve supports {', '.join(SUPPORTED_ARCHITECTURES)}."
@@ -138,7 +142,9 @@ class SpeculativeConfig:
         if method == "[ngram]":
             method = "ngram"
         if method not in SPEC_METHODS:
-            raise ValueError(f"speculative_config: 'method' must be one of {', '.join(SPEC_METHODS)}, got {method!r}.")
+            raise ValueError(
+                f"speculative_config: 'method' must be one of {', '.join(SPEC_METHODS)}, got {method!r}."
+            )
         d["method"] = method
         if method == "ngram" and model in ("ngram", "[ngram]"):
             d["model"] = None
@@ -146,11 +152,15 @@ class SpeculativeConfig:
         if k is None:
             raise ValueError("speculative_config: 'num_speculative_tokens' is required.")
         if not isinstance(k, int) or isinstance(k, bool) or k < 1:
-            raise ValueError(f"speculative_config: 'num_speculative_tokens' must be a positive integer, got {k!r}.")
+            raise ValueError(
+                f"speculative_config: 'num_speculative_tokens' must be a positive integer, got {k!r}."
+            )
         if k > 128:
             raise ValueError(f"speculative_config: 'num_speculative_tokens' must be at most 128, got {k}.")
         if method != "ngram" and not d.get("model"):
-            raise ValueError(f"speculative_config: 'model' (the drafter checkpoint) is required for method {method!r}.")
+            raise ValueError(
+                f"speculative_config: 'model' (the drafter checkpoint) is required for method {method!r}."
+            )
         dtp = d.get("draft_tensor_parallel_size")
         if dtp is not None and dtp != 1:
             raise ValueError(
@@ -167,7 +177,9 @@ class SpeculativeConfig:
             if not isinstance(v, int) or v < 1:
                 raise ValueError(f"speculative_config: {name!r} must be a positive integer, got {v!r}.")
         if lo > hi:
-            raise ValueError(f"speculative_config: 'prompt_lookup_min' ({lo}) must be <= 'prompt_lookup_max' ({hi}).")
+            raise ValueError(
+                f"speculative_config: 'prompt_lookup_min' ({lo}) must be <= 'prompt_lookup_max' ({hi})."
+            )
         d["prompt_lookup_min"], d["prompt_lookup_max"] = lo, hi
         for name in ("disable_padded_drafter_batch", "enforce_eager"):
             if d.get(name) is not None and not isinstance(d[name], bool):
@@ -226,7 +238,17 @@ class EngineConfig:
     attention_backend: str = "auto"  # auto | torch | triton
 
     def __post_init__(self) -> None:
-        if self.dtype not in ("auto", "float32", "bfloat16", "float16", "half", "float", "bf16", "fp16", "fp32"):
+        if self.dtype not in (
+            "auto",
+            "float32",
+            "bfloat16",
+            "float16",
+            "half",
+            "float",
+            "bf16",
+            "fp16",
+            "fp32",
+        ):
             raise ValueError(f"dtype must be one of auto, float32, bfloat16, float16; got {self.dtype!r}.")
         if self.device not in ("auto", "cpu", "cuda") and not str(self.device).startswith("cuda:"):
             raise ValueError(f"device must be auto, cpu or cuda; got {self.device!r}.")

@@ -86,11 +86,12 @@ class LLM:
             if len(params_list) != len(prompts):
                 raise ValueError("The lengths of prompts and sampling_params must be the same.")
         # validate everything before adding anything, so a bad prompt does not leave others half-queued
-        ids = []
+        tokenized = []
         for prompt, params in zip(prompts, params_list):
-            _, toks = self.engine.tokenize_prompt(prompt)
+            text, toks = self.engine.tokenize_prompt(prompt)
             self.engine.validate(toks, params)
-            ids.append(self.engine.add_request(None, prompt, params))
+            tokenized.append({"prompt_token_ids": toks, "prompt": text})
+        ids = [self.engine.add_request(None, p, sp) for p, sp in zip(tokenized, params_list)]
         return self._run(ids, use_tqdm)
 
     def chat(
@@ -106,7 +107,10 @@ class LLM:
         prompts: list[PromptType] = []
         for conv in convs:
             ids = tok.apply_chat_template(
-                conv, add_generation_prompt=add_generation_prompt, tokenize=True, **(chat_template_kwargs or {})
+                conv,
+                add_generation_prompt=add_generation_prompt,
+                tokenize=True,
+                **(chat_template_kwargs or {}),
             )
             if isinstance(ids, dict) or hasattr(ids, "input_ids"):
                 ids = ids["input_ids"]

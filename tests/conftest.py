@@ -9,7 +9,7 @@ import pytest
 import torch
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-torch.set_num_threads(2)
+torch.set_num_threads(1)  # tiny models: threading only adds overhead
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
@@ -76,7 +76,7 @@ def build_tiny(arch: str, path: Path, tok, seed: int = 0, **overrides) -> str:
         raise ValueError(arch)
     # larger init so the random model has peaked, non-degenerate distributions
     with torch.no_grad():
-        for name, p in model.named_parameters():
+        for p in model.parameters():
             if p.dim() == 2:
                 p.normal_(0, 0.08)
     return _save(model, tok, path, gen_eos=2)

@@ -31,7 +31,9 @@ class BlockManager:
         self.hash_to_block: dict[int, int] = {}
         # per request: hash of each full block already registered
         self.req_hashes: dict[str, list[int]] = {}
-        self.drop_last_cached_block = False  # EAGLE: drafter KV of a block's last slot depends on the next token
+        self.drop_last_cached_block = (
+            False  # EAGLE: drafter KV of a block's last slot depends on the next token
+        )
         self.prefix_queries = 0
         self.prefix_hits = 0
 

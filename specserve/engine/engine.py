@@ -38,7 +38,9 @@ class SpecStats:
             self.accepted_per_pos[i] += 1
 
     def snapshot(self) -> SpecStats:
-        return SpecStats(self.num_drafts, self.num_draft_tokens, self.num_accepted_tokens, list(self.accepted_per_pos))
+        return SpecStats(
+            self.num_drafts, self.num_draft_tokens, self.num_accepted_tokens, list(self.accepted_per_pos)
+        )
 
 
 def spec_log_line(cur: SpecStats, prev: SpecStats, elapsed: float, k: int) -> str:
@@ -103,7 +105,9 @@ class LLMEngine:
             self.block_manager.drop_last_cached_block = self.runner.proposer.drop_last_cached_block
         mnbt = config.max_num_batched_tokens or max(2048, config.max_num_seqs * (self.num_spec + 1))
         if mnbt < config.max_num_seqs * (self.num_spec + 1) and self.num_spec:
-            logger.warning("max_num_batched_tokens=%d leaves no room to verify drafts for every sequence", mnbt)
+            logger.warning(
+                "max_num_batched_tokens=%d leaves no room to verify drafts for every sequence", mnbt
+            )
         self.scheduler = Scheduler(
             self.block_manager,
             config.max_num_seqs,
@@ -192,7 +196,9 @@ class LLMEngine:
             raise RequestValidationError("The prompt cannot be empty.", "prompt")
         vocab = self.model_config.vocab_size
         if any(t < 0 or t >= vocab for t in prompt_ids):
-            raise RequestValidationError(f"Token id out of vocabulary (0..{vocab - 1}) in the prompt.", "prompt")
+            raise RequestValidationError(
+                f"Token id out of vocabulary (0..{vocab - 1}) in the prompt.", "prompt"
+            )
         mt = params.max_tokens
         if mt is not None and mt > L:
             raise RequestValidationError(
@@ -308,7 +314,10 @@ class LLMEngine:
         return self._outputs_for(touched)
 
     def _append_tokens(
-        self, req: Request, tokens: list[int], logprobs: list[tuple[float, int, list[int], list[float]]] | None
+        self,
+        req: Request,
+        tokens: list[int],
+        logprobs: list[tuple[float, int, list[int], list[float]]] | None,
     ) -> None:
         p = req.params
         stop_ids = p._all_stop_token_ids
@@ -320,7 +329,9 @@ class LLMEngine:
             n_out = req.num_output_tokens
             if n_out >= p.min_tokens and tok in stop_ids:
                 req.status = RequestStatus.FINISHED_STOPPED
-                req.stop_reason = None if tok in self.eos_token_ids and tok not in (p.stop_token_ids or []) else tok
+                req.stop_reason = (
+                    None if tok in self.eos_token_ids and tok not in (p.stop_token_ids or []) else tok
+                )
                 self._detokenize(req)
                 return
             stop = self._detokenize(req)

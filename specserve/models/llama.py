@@ -109,9 +109,7 @@ class DecoderLM(nn.Module):
     def __init__(self, cfg: ModelConfig, max_position: int) -> None:
         super().__init__()
         self.config = cfg
-        self.rope = RotaryEmbedding(
-            cfg.head_dim, max(max_position, 1), cfg.rope_theta, cfg.rope_scaling
-        )
+        self.rope = RotaryEmbedding(cfg.head_dim, max(max_position, 1), cfg.rope_theta, cfg.rope_scaling)
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList([DecoderLayer(cfg, self.rope) for _ in range(cfg.num_hidden_layers)])
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
@@ -181,7 +179,9 @@ class DecoderLM(nn.Module):
             p = params[target]
             if rows is None:
                 if p.shape != tensor.shape:
-                    raise ValueError(f"Weight {name!r} has shape {tuple(tensor.shape)}, expected {tuple(p.shape)}.")
+                    raise ValueError(
+                        f"Weight {name!r} has shape {tuple(tensor.shape)}, expected {tuple(p.shape)}."
+                    )
                 p.copy_(tensor)
                 loaded.add(target)
             else:
@@ -199,4 +199,6 @@ class DecoderLM(nn.Module):
                 expected += 1
         if len(loaded) < expected:
             missing = [p for p in params if not any(s.startswith(p) for s in loaded)]
-            raise ValueError(f"Checkpoint is missing weights: {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}")
+            raise ValueError(
+                f"Checkpoint is missing weights: {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}"
+            )

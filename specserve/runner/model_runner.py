@@ -145,7 +145,10 @@ class ModelRunner:
         c = self.model_config
         shape = (num_blocks, self.block_size, c.num_key_value_heads, c.head_dim)
         self.model.kv_caches = [
-            (torch.zeros(shape, dtype=self.dtype, device=self.device), torch.zeros(shape, dtype=self.dtype, device=self.device))
+            (
+                torch.zeros(shape, dtype=self.dtype, device=self.device),
+                torch.zeros(shape, dtype=self.dtype, device=self.device),
+            )
             for _ in range(c.num_hidden_layers)
         ]
         spec = self.proposer.kv_cache_spec() if self.proposer else None
@@ -154,7 +157,10 @@ class ModelRunner:
             dshape = (num_blocks, self.block_size, heads, hd)
             self.proposer.bind_kv_caches(
                 [
-                    (torch.zeros(dshape, dtype=self.dtype, device=self.device), torch.zeros(dshape, dtype=self.dtype, device=self.device))
+                    (
+                        torch.zeros(dshape, dtype=self.dtype, device=self.device),
+                        torch.zeros(dshape, dtype=self.dtype, device=self.device),
+                    )
                     for _ in range(layers)
                 ],
                 self.block_size,
@@ -171,7 +177,12 @@ class ModelRunner:
 
     # ------------------------------------------------------------------ helpers
     def build_metadata(
-        self, q_lens: list[int], seq_lens: list[int], block_tables: list[list[int]], slots: list[int], causal: bool = True
+        self,
+        q_lens: list[int],
+        seq_lens: list[int],
+        block_tables: list[list[int]],
+        slots: list[int],
+        causal: bool = True,
     ) -> AttnMetadata:
         dev = self.device
         qsl = [0]
@@ -278,6 +289,7 @@ class ModelRunner:
                     torch.tensor(num_draft, device=self.device),
                     st,
                     fallback=self.generator,
+                    num_draft_cpu=num_draft,
                 )
                 out_l, ne_l = out.tolist(), num_emitted.tolist()
                 per_req = [out_l[j][: ne_l[j]] for j in range(len(sampling))]

@@ -66,5 +66,7 @@ class NgramProposer(Proposer):
         out: list[list[int]] = []
         for inp in inputs:
             k = min(self.num_speculative_tokens, inp.max_drafts)
-            out.append(ngram_propose(inp.token_ids, self.min_n, self.max_n, k)[:k] if inp.draft and k > 0 else [])
+            out.append(
+                ngram_propose(inp.token_ids, self.min_n, self.max_n, k)[:k] if inp.draft and k > 0 else []
+            )
         return out

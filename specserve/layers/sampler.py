@@ -1,0 +1,217 @@
+"""On-device sampling: temperature, min-p, top-k, top-p, seeded exponential-race sampling, logprobs.
+
+Semantics follow vLLM's V1 sampler:
+
+* greedy rows (temperature < 1e-5 or top_k == 1) take the argmax of the raw logits;
+* random rows: logits / temperature -> min-p -> top-k -> top-p, then a draw from the softmax by the
+  exponential race ``argmax(probs / E)`` with ``E ~ Exp(1)``, which equals a categorical draw;
+* logprobs are the log-softmax of the raw logits (vLLM's default ``raw_logprobs``).
+
+Everything is batched over rows and vocabulary.  The only Python loop is over rows that carry their
+own seeded ``torch.Generator``: each such row draws its noise from its own generator, and only from
+it, so a seeded request's tokens do not depend on the rest of the batch.  Generators must live on
+the device of the logits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from specserve.sampling_params import SamplingParams
+
+_GREEDY_EPS = 1e-5
+
+
+@dataclass
+class SamplingTensors:
+    """Per-row sampling parameters as device tensors, plus host flags that let kernels skip work.
+
+    Greedy rows store temperature 0 and neutral filters (top_k 0, top_p 1, min_p 0): none of the
+    filters can change an argmax, so this changes nothing for them and keeps the host flags
+    (``no_top_k`` ...) describing only the rows that sample.
+    """
+
+    temperature: torch.Tensor  # [B] float32; 0 for greedy rows
+    top_k: torch.Tensor  # [B] int64; 0 = disabled
+    top_p: torch.Tensor  # [B] float32; 1.0 = disabled
+    min_p: torch.Tensor  # [B] float32; 0.0 = disabled
+    greedy: torch.Tensor  # [B] bool
+    generators: list[torch.Generator | None]  # per row: the request's seeded generator, or None
+    all_greedy: bool
+    all_random: bool
+    no_top_k: bool
+    no_top_p: bool
+    no_min_p: bool
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.generators)
+
+    @classmethod
+    def from_params(
+        cls,
+        params: Sequence[SamplingParams],
+        generators: Sequence[torch.Generator | None] | None = None,
+        device: torch.device | str | None = None,
+    ) -> SamplingTensors:
+        n = len(params)
+        gens: list[torch.Generator | None] = list(generators) if generators is not None else [None] * n
+        if len(gens) != n:
+            raise ValueError(f"got {len(gens)} generators for {n} sampling params")
+        greedy = [p.greedy for p in params]
+        temperature = [0.0 if g else float(p.temperature) for p, g in zip(params, greedy)]
+        top_k = [0 if g else int(p.top_k) for p, g in zip(params, greedy)]
+        top_p = [1.0 if g else float(p.top_p) for p, g in zip(params, greedy)]
+        min_p = [0.0 if g else float(p.min_p) for p, g in zip(params, greedy)]
+        return cls(
+            temperature=torch.tensor(temperature, dtype=torch.float32, device=device),
+            top_k=torch.tensor(top_k, dtype=torch.int64, device=device),
+            top_p=torch.tensor(top_p, dtype=torch.float32, device=device),
+            min_p=torch.tensor(min_p, dtype=torch.float32, device=device),
+            greedy=torch.tensor(greedy, dtype=torch.bool, device=device),
+            generators=gens,
+            all_greedy=all(greedy),
+            all_random=not any(greedy),
+            no_top_k=all(k <= 0 for k in top_k),
+            no_top_p=all(p >= 1.0 for p in top_p),
+            no_min_p=all(m <= 0.0 for m in min_p),
+        )
+
+    def repeat_interleave(self, counts: Sequence[int]) -> SamplingTensors:
+        """Expand per-request rows to per-token rows (row i repeated counts[i] times).
+
+        The host flags stay valid (they hold for any subset of rows).  A seeded row's generator
+        object is shared by its copies.
+        """
+        if len(counts) != self.num_rows:
+            raise ValueError(f"got {len(counts)} counts for {self.num_rows} rows")
+        total = int(sum(counts))
+        reps = torch.tensor(list(counts), dtype=torch.int64, device=self.temperature.device)
+
+        def rep(t: torch.Tensor) -> torch.Tensor:
+            return t.repeat_interleave(reps, dim=0, output_size=total)
+
+        gens = [g for g, c in zip(self.generators, counts) for _ in range(c)]
+        return SamplingTensors(
+            temperature=rep(self.temperature),
+            top_k=rep(self.top_k),
+            top_p=rep(self.top_p),
+            min_p=rep(self.min_p),
+            greedy=rep(self.greedy),
+            generators=gens,
+            all_greedy=self.all_greedy,
+            all_random=self.all_random,
+            no_top_k=self.no_top_k,
+            no_top_p=self.no_top_p,
+            no_min_p=self.no_min_p,
+        )
+
+
+def apply_sampling_constraints(logits: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
+    """[N, V] logits -> new float32 [N, V] logits with temperature, min-p, top-k and top-p applied.
+
+    Order as in vLLM: divide by temperature (greedy rows by 1), min-p (drop tokens whose probability is
+    below ``min_p * max prob``), top-k (keep the k largest; exactly k, ties broken by sort order),
+    top-p (keep the smallest prefix of the sorted distribution whose mass reaches top_p; the top token
+    always stays).  Dropped entries are -inf.  Never modifies ``logits``.
+    """
+    out = logits.to(torch.float32)
+    if not st.all_greedy:
+        temp = torch.where(st.greedy, torch.ones_like(st.temperature), st.temperature)
+        out = out / temp.unsqueeze(1)
+    elif out.data_ptr() == logits.data_ptr():
+        out = out.clone()
+    if not st.no_min_p:
+        # p_i < min_p * p_max  <=>  l_i < l_max + log(min_p); min_p == 0 gives -inf (keep all)
+        thresh = out.amax(dim=-1, keepdim=True) + torch.log(st.min_p).unsqueeze(1)
+        out = out.masked_fill(out < thresh, float("-inf"))
+    if st.no_top_k and st.no_top_p:
+        return out
+    sorted_logits, order = out.sort(dim=-1, descending=True)
+    vocab = out.shape[-1]
+    if not st.no_top_k:
+        k = torch.where(st.top_k > 0, st.top_k, torch.full_like(st.top_k, vocab)).clamp(max=vocab)
+        ranks = torch.arange(vocab, device=out.device)
+        sorted_logits = sorted_logits.masked_fill(ranks.unsqueeze(0) >= k.unsqueeze(1), float("-inf"))
+    if not st.no_top_p:
+        probs = sorted_logits.softmax(dim=-1)
+        cum = probs.cumsum(dim=-1)
+        mass_before = torch.cat([torch.zeros_like(cum[:, :1]), cum[:, :-1]], dim=-1)
+        drop = (mass_before >= st.top_p.unsqueeze(1)) & (st.top_p < 1.0).unsqueeze(1)
+        drop[:, 0] = False
+        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+    return torch.empty_like(sorted_logits).scatter_(-1, order, sorted_logits)
+
+
+def draw_exponential(
+    num_rows: int,
+    vocab: int,
+    generators: Sequence[torch.Generator | None],
+    fallback: torch.Generator | None = None,
+    device: torch.device | str | None = None,
+) -> torch.Tensor:
+    """[num_rows, vocab] float32 Exp(1) noise, clamped away from 0 (so ``0 / E`` is never NaN).
+
+    Row i is drawn from ``generators[i]`` when it is set (and from nothing else), otherwise from
+    ``fallback`` (or torch's default generator).
+    """
+    e = torch.empty(num_rows, vocab, dtype=torch.float32, device=device)
+    seeded = [i for i, g in enumerate(generators) if g is not None]
+    if len(seeded) < num_rows:
+        e.exponential_(generator=fallback)
+    for i in seeded:
+        e[i].exponential_(generator=generators[i])
+    return e.clamp_(min=torch.finfo(torch.float32).tiny)
+
+
+def random_sample(
+    probs: torch.Tensor,
+    generators: Sequence[torch.Generator | None],
+    fallback: torch.Generator | None = None,
+) -> torch.Tensor:
+    """Categorical draw per row of ``probs`` [N, V] (need not be normalized) via argmax(probs / E)."""
+    e = draw_exponential(probs.shape[0], probs.shape[1], generators, fallback, probs.device)
+    return (probs.to(torch.float32) / e).argmax(dim=-1)
+
+
+def sample(
+    logits: torch.Tensor,
+    st: SamplingTensors,
+    fallback: torch.Generator | None = None,
+) -> torch.Tensor:
+    """[N, V] logits -> [N] int64 token ids (greedy rows: argmax of the raw logits)."""
+    greedy_tokens = logits.argmax(dim=-1)
+    if st.all_greedy:
+        return greedy_tokens
+    probs = apply_sampling_constraints(logits, st).softmax(dim=-1)
+    random_tokens = random_sample(probs, st.generators, fallback)
+    if st.all_random:
+        return random_tokens
+    return torch.where(st.greedy, greedy_tokens, random_tokens)
+
+
+def compute_logprobs(logits: torch.Tensor) -> torch.Tensor:
+    """float32 log-softmax of the raw logits (vLLM's default ``raw_logprobs``)."""
+    return logits.to(torch.float32).log_softmax(dim=-1)
+
+
+def gather_logprobs(
+    logprobs: torch.Tensor, token_ids: torch.Tensor, num_top: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Returns (chosen logprob [N], chosen rank [N], top ids [N, num_top], top logprobs [N, num_top]).
+
+    The rank is 1-based and counts the tokens whose logprob is >= the chosen one's (vLLM), so the
+    argmax has rank 1 and ties share the worst rank.
+    """
+    token_ids = token_ids.to(device=logprobs.device, dtype=torch.int64)
+    chosen = logprobs.gather(-1, token_ids.unsqueeze(-1)).squeeze(-1)
+    ranks = (logprobs >= chosen.unsqueeze(-1)).sum(dim=-1)
+    if num_top > 0:
+        top_lps, top_ids = logprobs.topk(num_top, dim=-1)
+    else:
+        top_ids = torch.empty(logprobs.shape[0], 0, dtype=torch.int64, device=logprobs.device)
+        top_lps = torch.empty(logprobs.shape[0], 0, dtype=logprobs.dtype, device=logprobs.device)
+    return chosen, ranks, top_ids, top_lps

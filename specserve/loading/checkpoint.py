@@ -1,0 +1,231 @@
+"""Resolve a model argument (None / local dir / .gguf / HF hub id) to a local checkpoint and read its weights."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from specserve.loading.demo import demo_target_path, specserve_cache_dir
+from specserve.loading.gguf_loader import iter_gguf_weights, load_gguf_config, load_gguf_tokenizer
+
+_META_PATTERNS = ["*.json", "*.jinja", "tokenizer*", "*.model", "*.tiktoken", "merges.txt", "vocab.txt"]
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+@dataclass
+class Checkpoint:
+    """A local checkpoint: an HF directory (safetensors / pytorch_model.bin) or one GGUF file in ``path``."""
+
+    path: str
+    hf_config: Any  # transformers.PretrainedConfig
+    gguf_file: str | None = None
+    generation_config: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def gguf_path(self) -> str | None:
+        return os.path.join(self.path, self.gguf_file) if self.gguf_file else None
+
+    def weight_files(self) -> list[str]:
+        """The files holding the weights (the .gguf, the safetensors shards, or the pytorch_model*.bin files)."""
+        return [self.gguf_path] if self.gguf_path else _weight_files(self.path)
+
+    def iter_weights(self, dtype: torch.dtype = torch.float32) -> Iterator[tuple[str, torch.Tensor]]:
+        """Yield ``(HF parameter name, tensor)``; floating tensors are cast to ``dtype``, integer ones kept."""
+        if self.gguf_path:
+            yield from iter_gguf_weights(self.gguf_path, dtype)
+            return
+        for f in _weight_files(self.path):
+            if f.endswith(".safetensors"):
+                from safetensors import safe_open
+
+                with safe_open(f, framework="pt") as sf:
+                    for name in sf.keys():
+                        yield name, _cast(sf.get_tensor(name), dtype)
+            else:
+                try:
+                    sd = torch.load(f, map_location="cpu", weights_only=True, mmap=True)
+                except RuntimeError:  # legacy (non-zip) format cannot be mmapped
+                    sd = torch.load(f, map_location="cpu", weights_only=True)
+                for name, t in sd.items():
+                    yield name, _cast(t, dtype)
+
+    def load_state_dict(self, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+        return dict(self.iter_weights(dtype))
+
+
+def _cast(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return t.to(dtype) if t.is_floating_point() else t
+
+
+def _weight_files(path: str) -> list[str]:
+    """Safetensors (index, then any *.safetensors), else pytorch_model.bin (index, then pytorch_model*.bin)."""
+    for index_name, pattern in (
+        ("model.safetensors.index.json", "*.safetensors"),
+        ("pytorch_model.bin.index.json", "pytorch_model*.bin"),
+    ):
+        index = os.path.join(path, index_name)
+        if os.path.isfile(index):
+            with open(index) as fh:
+                shards = sorted(set(json.load(fh)["weight_map"].values()))
+            missing = [s for s in shards if not os.path.isfile(os.path.join(path, s))]
+            if missing:
+                raise ValueError(
+                    f"Checkpoint '{path}' is incomplete: {index_name} lists missing {', '.join(missing)}."
+                )
+            return [os.path.join(path, s) for s in shards]
+        files = sorted(glob.glob(os.path.join(path, pattern)))
+        if files:
+            return files
+    raise ValueError(
+        f"No weights found in '{path}': expected model.safetensors (or shards with model.safetensors.index.json), "
+        "pytorch_model.bin, or a .gguf file."
+    )
+
+
+def _hf_config(path: str, trust_remote_code: bool) -> Any:
+    from transformers import AutoConfig, PretrainedConfig
+
+    try:
+        return AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+    except (ValueError, KeyError) as e:
+        if trust_remote_code or "model type" not in str(e):
+            raise ValueError(f"Cannot read config.json in '{path}': {_one_line(e)}") from None
+        return PretrainedConfig.from_pretrained(
+            path
+        )  # unknown model_type: keep the raw fields (e.g. drafters)
+
+
+def _one_line(e: BaseException, limit: int = 300) -> str:
+    text = " ".join(str(e).split()) or type(e).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def is_hub_id(model: str) -> bool:
+    return bool(_HUB_ID.match(model)) and ".." not in model
+
+
+def _hub_download(repo: str, patterns: list[str], revision: str | None) -> str:
+    """``snapshot_download`` honouring HF_HUB_OFFLINE at call time; every failure becomes a one-line ValueError."""
+    from huggingface_hub import constants, snapshot_download
+
+    offline = constants.is_offline_mode() or os.environ.get("HF_HUB_OFFLINE", "").upper() in (
+        "1",
+        "ON",
+        "YES",
+        "TRUE",
+    )
+    try:
+        return snapshot_download(repo, revision=revision, allow_patterns=patterns, local_files_only=offline)
+    except Exception as e:
+        raise ValueError(
+            f"Cannot download '{repo}' from the Hugging Face Hub (offline or not found): {_one_line(e)}. "
+            "Pass a local directory."
+        ) from None
+
+
+def _download_checkpoint(repo: str, revision: str | None, trust_remote_code: bool) -> str:
+    path = _hub_download(repo, _META_PATTERNS + (["*.py"] if trust_remote_code else []), revision)
+    index = os.path.join(path, "model.safetensors.index.json")
+    if os.path.isfile(index):
+        with open(index) as fh:
+            weights = sorted(set(json.load(fh)["weight_map"].values()))
+    else:
+        weights = ["*.safetensors"]
+    path = _hub_download(repo, weights, revision)
+    if not glob.glob(os.path.join(path, "*.safetensors")):
+        path = _hub_download(repo, ["pytorch_model*.bin"], revision)
+    return path
+
+
+def _find_gguf(path: str) -> tuple[str, str] | None:
+    """(dir, file name) when ``path`` is a .gguf file or a directory without config.json holding exactly one."""
+    if os.path.isfile(path):
+        if not path.endswith(".gguf"):
+            raise ValueError(
+                f"Model path '{path}' is a file but not a .gguf; pass a checkpoint directory or a .gguf."
+            )
+        return os.path.dirname(os.path.abspath(path)), os.path.basename(path)
+    if os.path.isfile(os.path.join(path, "config.json")):
+        return None
+    ggufs = sorted(os.path.basename(p) for p in glob.glob(os.path.join(path, "*.gguf")))
+    if len(ggufs) > 1:
+        raise ValueError(
+            f"Directory '{path}' holds several .gguf files ({', '.join(ggufs)}); pass one file path."
+        )
+    return (os.path.abspath(path), ggufs[0]) if ggufs else None
+
+
+def resolve_checkpoint(
+    model: str | None, *, trust_remote_code: bool = False, revision: str | None = None
+) -> Checkpoint:
+    """None -> the demo target; a local dir with config.json; a .gguf path or a dir with one .gguf; or an HF hub id."""
+    if model is None:
+        model = demo_target_path()
+    model = os.path.expanduser(str(model))
+    if not os.path.exists(model):
+        if model.endswith(".gguf") or not is_hub_id(model):
+            raise ValueError(
+                f"Model '{model}' not found: no such local path, and it is not a Hugging Face Hub id."
+            )
+        model = _download_checkpoint(model, revision, trust_remote_code)
+    gg = _find_gguf(model)
+    if gg is not None:
+        gdir, gfile = gg
+        return Checkpoint(
+            path=gdir, hf_config=load_gguf_config(os.path.join(gdir, gfile), _gguf_cache()), gguf_file=gfile
+        )
+    path = os.path.abspath(model)
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        raise ValueError(
+            f"No config.json (and no .gguf file) in '{path}'; is it a model checkpoint directory?"
+        )
+    _weight_files(path)  # fail early, naming what is missing
+    gen: dict[str, Any] = {}
+    gen_file = os.path.join(path, "generation_config.json")
+    if os.path.isfile(gen_file):
+        with open(gen_file) as fh:
+            gen = json.load(fh)
+    return Checkpoint(path=path, hf_config=_hf_config(path, trust_remote_code), generation_config=gen)
+
+
+def _gguf_cache() -> Any:
+    return specserve_cache_dir() / "gguf"
+
+
+def load_tokenizer(source: str | Checkpoint | None, *, trust_remote_code: bool = False) -> Any:
+    """A transformers tokenizer for a checkpoint, a local dir / .gguf, an HF hub id, or None (the demo target).
+
+    GGUF tokenizers are converted once and cached under ``specserve_cache_dir()/gguf``."""
+    from transformers import AutoTokenizer
+
+    if source is None:
+        source = demo_target_path()
+    if isinstance(source, Checkpoint):
+        if source.gguf_path:
+            return load_gguf_tokenizer(source.gguf_path, _gguf_cache())
+        path = source.path
+    else:
+        path = os.path.expanduser(source)
+        if not os.path.exists(path):
+            if path.endswith(".gguf") or not is_hub_id(path):
+                raise ValueError(
+                    f"Tokenizer '{path}' not found: no such local path, and it is not a Hugging Face Hub id."
+                )
+            path = _hub_download(path, _META_PATTERNS + (["*.py"] if trust_remote_code else []), None)
+        gg = _find_gguf(path)
+        has_tok = any(
+            os.path.isfile(os.path.join(path, f)) for f in ("tokenizer.json", "tokenizer_config.json")
+        )
+        if gg is not None and not (os.path.isdir(path) and has_tok):
+            return load_gguf_tokenizer(os.path.join(*gg), _gguf_cache())
+    try:
+        return AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError, TypeError) as e:
+        raise ValueError(f"Cannot load a tokenizer from '{path}': {_one_line(e)}") from None

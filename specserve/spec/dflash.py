@@ -1,0 +1,123 @@
+"""DFlash proposer: one non-causal drafter pass over [last token, MASK x K] per request per step."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from specserve.config import SpeculativeConfig
+from specserve.models.dflash import DFlashDraftModel
+from specserve.spec.drafter_utils import PagedBatch, build_model, load_drafter_checkpoint
+from specserve.spec.proposer import DraftInput, Proposer
+
+if TYPE_CHECKING:
+    from specserve.runner.model_runner import ModelRunner
+
+
+class DFlashProposer(Proposer):
+    method = "dflash"
+
+    def __init__(self, spec: SpeculativeConfig, runner: ModelRunner) -> None:
+        super().__init__(spec.num_speculative_tokens)
+        assert spec.model is not None
+        raw, ckpt = load_drafter_checkpoint(spec.model)
+        archs = raw.get("architectures") or []
+        if not any("DFlash" in a for a in archs) and "dflash_config" not in raw:
+            raise ValueError(f"{spec.model} is not a DFlash checkpoint (architectures={archs}).")
+        tc = runner.model_config
+        k = spec.num_speculative_tokens
+        block = int(raw.get("block_size", 16))
+        if not 1 <= k <= block - 1:
+            raise ValueError(
+                f"speculative_config: 'num_speculative_tokens' must be between 1 and block_size-1={block - 1} "
+                f"for this DFlash drafter, got {k}."
+            )
+        ids = (raw.get("dflash_config") or {}).get("target_layer_ids") or raw.get("target_layer_ids")
+        if not ids:
+            raise ValueError(f"DFlash checkpoint {spec.model} has no dflash_config.target_layer_ids.")
+        if max(ids) >= tc.num_hidden_layers:
+            raise ValueError(
+                f"DFlash target_layer_ids {ids} do not fit the target's {tc.num_hidden_layers} layers."
+            )
+        if int(raw["hidden_size"]) != tc.hidden_size:
+            raise ValueError(
+                f"DFlash drafter hidden_size {raw['hidden_size']} != target hidden_size {tc.hidden_size} "
+                "(the drafter reads the target's embeddings)."
+            )
+        mask = int((raw.get("dflash_config") or {}).get("mask_token_id", raw.get("mask_token_id", -1)))
+        if not 0 <= mask < tc.vocab_size:
+            raise ValueError(
+                f"DFlash mask_token_id {mask} is outside the target vocabulary (size {tc.vocab_size})."
+            )
+        max_pos = runner.max_model_len + 2 * k + 8
+        self.model: DFlashDraftModel = build_model(
+            runner, lambda: DFlashDraftModel(raw, tc.hidden_size, max_pos)
+        )
+        sd = dict(ckpt.iter_weights(runner.dtype))
+        fc = sd.get("fc.weight", sd.get("model.fc.weight"))
+        if fc is not None and fc.shape[1] != len(ids) * tc.hidden_size:
+            raise ValueError(
+                f"DFlash fc expects a target feature of width {fc.shape[1]} but the target gives "
+                f"{len(ids)} taps x hidden {tc.hidden_size} = {len(ids) * tc.hidden_size}: draft/target mismatch."
+            )
+        self.model.load_weights(sd.items())
+        self.model.eval().requires_grad_(False)
+        self.runner = runner
+        self.caches: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    @property
+    def tap_indices(self) -> list[int]:
+        return [i + 1 for i in self.model.target_layer_ids]
+
+    @property
+    def uses_kv_cache(self) -> bool:
+        return True
+
+    def kv_cache_spec(self) -> tuple[int, int, int]:
+        c = self.model.cfg
+        return len(self.model.layers), c.num_key_value_heads, c.head_dim
+
+    def bind_kv_caches(self, caches: list[tuple[torch.Tensor, torch.Tensor]], block_size: int) -> None:
+        self.caches = caches
+
+    @torch.inference_mode()
+    def propose(self, inputs: list[DraftInput], features: torch.Tensor | None) -> list[list[int]]:
+        assert features is not None
+        runner, dev = self.runner, self.runner.device
+        backend = runner.backend
+        # 1) context K/V for every committed position the target ran this step (all layers in one GEMM)
+        rows: list[int] = []
+        ctx = PagedBatch(runner)
+        for inp in inputs:
+            if inp.num_valid > 0:
+                rows.extend(range(inp.row_offset, inp.row_offset + inp.num_valid))
+                ctx.add(inp.block_table, inp.start, inp.num_valid)
+        if rows:
+            pos = torch.tensor(ctx.positions, dtype=torch.long, device=dev)
+            slots = torch.tensor(ctx.slots, dtype=torch.long, device=dev)
+            k, v = self.model.context_kv(features[torch.tensor(rows, device=dev)], pos)
+            for layer, (kc, vc) in enumerate(self.caches):
+                backend.store(k[layer], v[layer], kc, vc, slots)
+        # 2) one non-causal pass over [last token, MASK x K] for the requests that draft
+        K = self.num_speculative_tokens
+        drafting = [i for i, inp in enumerate(inputs) if inp.draft and inp.max_drafts > 0]
+        out: list[list[int]] = [[] for _ in inputs]
+        if not drafting:
+            return out
+        q = PagedBatch(runner)
+        ids: list[int] = []
+        for i in drafting:
+            inp = inputs[i]
+            n = len(inp.token_ids)
+            ids.extend([inp.token_ids[-1]] + [self.model.mask_token_id] * K)
+            q.add(inp.block_table, n - 1, K + 1)
+        positions, meta = q.build(causal=False)
+        tgt = runner.model
+        embeds = tgt.embed_tokens(torch.tensor(ids, dtype=torch.long, device=dev))
+        hidden = self.model(embeds, positions, meta, self.caches, backend)
+        hidden = hidden.view(len(drafting), K + 1, -1)[:, 1:]
+        drafts = tgt.compute_logits(hidden).argmax(-1).tolist()
+        for j, i in enumerate(drafting):
+            out[i] = drafts[j][: inputs[i].max_drafts]
+        return out

@@ -1,0 +1,60 @@
+"""Shared plumbing for model-based proposers: checkpoint loading and paged-batch building."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from specserve.layers.attention import AttnMetadata
+
+if TYPE_CHECKING:
+    from specserve.loading import Checkpoint
+    from specserve.runner.model_runner import ModelRunner
+
+
+def load_drafter_checkpoint(model: str) -> tuple[dict[str, Any], Checkpoint]:
+    from specserve.loading import resolve_checkpoint
+
+    ckpt = resolve_checkpoint(model)
+    with open(os.path.join(ckpt.path, "config.json")) as f:
+        raw = json.load(f)
+    return raw, ckpt
+
+
+def build_model(runner: ModelRunner, factory: Any) -> Any:
+    """Instantiate a drafter module on the runner's device and dtype."""
+    with torch.device(runner.device):
+        prev = torch.get_default_dtype()
+        torch.set_default_dtype(runner.dtype)
+        try:
+            model = factory()
+        finally:
+            torch.set_default_dtype(prev)
+    return model
+
+
+class PagedBatch:
+    """Host-side builder for one drafter forward over a varlen batch (positions, slots, block tables)."""
+
+    def __init__(self, runner: ModelRunner) -> None:
+        self.runner = runner
+        self.positions: list[int] = []
+        self.slots: list[int] = []
+        self.q_lens: list[int] = []
+        self.seq_lens: list[int] = []
+        self.tables: list[list[int]] = []
+
+    def add(self, block_table: list[int], first_pos: int, n: int, seq_len: int | None = None) -> None:
+        pos = range(first_pos, first_pos + n)
+        self.positions.extend(pos)
+        self.slots.extend(self.runner.slot(block_table, p) for p in pos)
+        self.q_lens.append(n)
+        self.seq_lens.append(first_pos + n if seq_len is None else seq_len)
+        self.tables.append(block_table)
+
+    def build(self, causal: bool = True) -> tuple[torch.Tensor, AttnMetadata]:
+        meta = self.runner.build_metadata(self.q_lens, self.seq_lens, self.tables, self.slots, causal=causal)
+        return torch.tensor(self.positions, dtype=torch.long, device=self.runner.device), meta

@@ -1,0 +1,127 @@
+"""EAGLE-3 proposer: a first pass over the committed positions (token shifted by one + fused target taps),
+then K-1 autoregressive steps feeding back the head's pre-norm hidden state."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from specserve.config import SpeculativeConfig
+from specserve.models.eagle3 import Eagle3DraftModel
+from specserve.spec.drafter_utils import PagedBatch, build_model, load_drafter_checkpoint
+from specserve.spec.proposer import DraftInput, Proposer
+
+if TYPE_CHECKING:
+    from specserve.runner.model_runner import ModelRunner
+
+
+class Eagle3Proposer(Proposer):
+    method = "eagle3"
+
+    def __init__(self, spec: SpeculativeConfig, runner: ModelRunner) -> None:
+        super().__init__(spec.num_speculative_tokens)
+        assert spec.model is not None
+        raw, ckpt = load_drafter_checkpoint(spec.model)
+        tc = runner.model_config
+        L = tc.num_hidden_layers
+        ids = raw.get("eagle_aux_hidden_state_layer_ids") or (raw.get("eagle_config") or {}).get(
+            "eagle_aux_hidden_state_layer_ids"
+        )
+        # vLLM convention: id i = the residual stream entering layer i = HF hidden_states[i]
+        self._taps = [int(i) for i in ids] if ids else [2, L // 2, L - 3]
+        if max(self._taps) > L:
+            raise ValueError(f"EAGLE-3 aux layer ids {self._taps} do not fit the target's {L} layers.")
+        th = int(raw.get("target_hidden_size") or tc.hidden_size)
+        if th != tc.hidden_size:
+            raise ValueError(
+                f"EAGLE-3 head expects target hidden size {th}, the target has {tc.hidden_size}."
+            )
+        raw = dict(raw, eagle_aux_hidden_state_layer_ids=self._taps)
+        max_pos = runner.max_model_len + 2 * self.num_speculative_tokens + 8
+        self.model: Eagle3DraftModel = build_model(
+            runner, lambda: Eagle3DraftModel(raw, tc.hidden_size, tc.vocab_size, max_pos)
+        )
+        self.model.load_weights(ckpt.iter_weights(runner.dtype))
+        self.model.eval().requires_grad_(False)
+        if self.model.lm_head is None and self.model.draft_vocab_size != tc.vocab_size:
+            raise ValueError(
+                f"EAGLE-3 head has no lm_head and draft_vocab_size {self.model.draft_vocab_size} != target "
+                f"vocab {tc.vocab_size}."
+            )
+        if self.model.cfg.hidden_size != tc.hidden_size and (self.model.embed_tokens is None):
+            raise ValueError("EAGLE-3 head with a different hidden size needs its own embed_tokens.")
+        self.runner = runner
+        self.cache: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    @property
+    def tap_indices(self) -> list[int]:
+        return self._taps
+
+    @property
+    def uses_kv_cache(self) -> bool:
+        return True
+
+    @property
+    def drop_last_cached_block(self) -> bool:
+        return True
+
+    def kv_cache_spec(self) -> tuple[int, int, int]:
+        c = self.model.cfg
+        return 1, c.num_key_value_heads, c.head_dim
+
+    def bind_kv_caches(self, caches: list[tuple[torch.Tensor, torch.Tensor]], block_size: int) -> None:
+        self.cache = caches[0]
+
+    def _embed(self, ids: torch.Tensor) -> torch.Tensor:
+        emb = self.model.embed_tokens or self.runner.model.embed_tokens
+        return emb(ids)
+
+    def _draft_tokens(self, normed: torch.Tensor) -> torch.Tensor:
+        head = self.model.lm_head or self.runner.model.lm_head
+        return self.model.to_target_ids(head(normed).argmax(-1))
+
+    @torch.inference_mode()
+    def propose(self, inputs: list[DraftInput], features: torch.Tensor | None) -> list[list[int]]:
+        assert features is not None and self.cache is not None
+        runner, dev, backend = self.runner, self.runner.device, self.runner.backend
+        rows: list[int] = []
+        toks: list[int] = []
+        batch = PagedBatch(runner)
+        last_row: dict[int, int] = {}
+        for i, inp in enumerate(inputs):
+            if inp.num_valid <= 0:
+                continue
+            rows.extend(range(inp.row_offset, inp.row_offset + inp.num_valid))
+            # position p reads the token at p+1 with the target feature at p
+            toks.extend(inp.token_ids[inp.start + 1 : inp.start + inp.num_valid + 1])
+            batch.add(inp.block_table, inp.start, inp.num_valid)
+            last_row[i] = len(rows) - 1
+        out: list[list[int]] = [[] for _ in inputs]
+        if not rows:
+            return out
+        positions, meta = batch.build()
+        hidden_in = self.model.fc(features[torch.tensor(rows, device=dev)])
+        embeds = self._embed(torch.tensor(toks, dtype=torch.long, device=dev))
+        prenorm, normed = self.model(embeds, hidden_in, positions, meta, self.cache, backend)
+        drafting = [i for i, inp in enumerate(inputs) if inp.draft and inp.max_drafts > 0 and i in last_row]
+        if not drafting:
+            return out
+        sel = torch.tensor([last_row[i] for i in drafting], device=dev)
+        hidden = prenorm[sel]
+        tok = self._draft_tokens(normed[sel])
+        drafts = [tok]
+        # positions of the last committed row per drafting request
+        last_pos = [inputs[i].start + inputs[i].num_valid - 1 for i in drafting]
+        for step in range(1, self.num_speculative_tokens):
+            b = PagedBatch(runner)
+            for i, p in zip(drafting, last_pos):
+                b.add(inputs[i].block_table, p + step, 1)
+            positions, meta = b.build()
+            hidden, normed = self.model(self._embed(tok), hidden, positions, meta, self.cache, backend)
+            tok = self._draft_tokens(normed)
+            drafts.append(tok)
+        all_drafts = torch.stack(drafts, 1).tolist()
+        for j, i in enumerate(drafting):
+            out[i] = all_drafts[j][: inputs[i].max_drafts]
+        return out

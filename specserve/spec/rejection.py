@@ -1,0 +1,182 @@
+"""Lossless verification of draft tokens (vLLM's rejection sampler semantics).
+
+For request b with ``num_draft[b] = n`` drafts ``d_0..d_{n-1}`` the target produced n + 1 rows of
+logits: one per draft position, then the bonus position.  Output: the accepted prefix of the drafts
+followed by one token sampled by the target (the *recovered* token at the first rejection, or the
+*bonus* token when every draft was accepted), so ``num_emitted = accepted + 1``.
+
+* Greedy rows: accept while ``d_i == argmax(target_i)``; the emitted token after the accepted prefix
+  is the target argmax at that position (recovered at a mismatch, bonus when all matched).
+* Random rows: ``p_i = softmax(apply_sampling_constraints(target_i))``; accept ``d_i`` iff
+  ``u_i <= p_i(d_i) / q_i(d_i)`` with ``u_i ~ U(0, 1]`` in float64 (never 0, so a draft with
+  ``p_i(d_i) = 0`` is never accepted).  Without ``draft_probs`` the drafter is a point mass
+  (``q_i(d_i) = 1``).  At the first rejection the recovered token is drawn from
+  ``normalize(max(0, p_i - q_i))`` (point mass: ``p_i`` with ``d_i`` zeroed); if all drafts are
+  accepted the bonus token is drawn from ``p_bonus`` exactly as the normal sampler would.  Both draws
+  use one exponential race ``argmax(dist / E)``: only one of them is ever emitted, so they can share E.
+
+Random draws per call: seeded rows (a ``torch.Generator`` in ``st.generators``) draw their uniforms
+and then their ``E`` row from their own generator only; other rows use ``fallback``.  A seeded row
+draws ``num_draft_cpu[b]`` uniforms when the host counts are passed (then its stream does not depend
+on the other requests of the batch, and a row with no drafts consumes exactly what ``sample`` would),
+otherwise K (the padded width of ``draft_token_ids``).
+
+No host syncs, no Python loops over tokens (only over seeded rows for their draws).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from specserve.layers.sampler import SamplingTensors, apply_sampling_constraints, draw_exponential
+
+PLACEHOLDER = -1
+
+
+def _draw_uniform(
+    num_rows: int,
+    k: int,
+    generators: Sequence[torch.Generator | None],
+    fallback: torch.Generator | None,
+    device: torch.device,
+    num_draft_cpu: Sequence[int] | None,
+) -> torch.Tensor:
+    """[num_rows, k] float64 uniforms in (0, 1]."""
+    u = torch.zeros(num_rows, k, dtype=torch.float64, device=device)
+    seeded = [i for i, g in enumerate(generators) if g is not None]
+    if len(seeded) < num_rows:
+        u.uniform_(generator=fallback)
+    for i in seeded:
+        n = k if num_draft_cpu is None else min(int(num_draft_cpu[i]), k)
+        if n > 0:
+            u[i, :n].uniform_(generator=generators[i])
+    # uniform_ draws from [0, 1); 1 - x lies in (0, 1]
+    return 1.0 - u
+
+
+def _per_token_tensors(st: SamplingTensors, req_of_row: torch.Tensor) -> SamplingTensors:
+    """Row-expanded parameters for apply_sampling_constraints (generators are not needed there)."""
+    return SamplingTensors(
+        temperature=st.temperature[req_of_row],
+        top_k=st.top_k[req_of_row],
+        top_p=st.top_p[req_of_row],
+        min_p=st.min_p[req_of_row],
+        greedy=st.greedy[req_of_row],
+        generators=[None] * int(req_of_row.shape[0]),
+        all_greedy=st.all_greedy,
+        all_random=st.all_random,
+        no_top_k=st.no_top_k,
+        no_top_p=st.no_top_p,
+        no_min_p=st.no_min_p,
+    )
+
+
+def _residual(p: torch.Tensor, draft: torch.Tensor, q: torch.Tensor | None) -> torch.Tensor:
+    """Unnormalized recovery distribution max(0, p - q) [B, V]; point-mass q when ``q`` is None."""
+    if q is None:
+        res = p.scatter(-1, draft.unsqueeze(-1), 0.0)
+    else:
+        res = (p - q.to(p.dtype)).clamp_min_(0.0)
+    # rounding can leave nothing (p == q numerically); fall back to p rather than an arbitrary id
+    empty = res.sum(dim=-1, keepdim=True) <= 0
+    return torch.where(empty, p, res)
+
+
+def rejection_sample(
+    target_logits: torch.Tensor,
+    draft_token_ids: torch.Tensor,
+    num_draft: torch.Tensor,
+    st: SamplingTensors,
+    draft_probs: torch.Tensor | None = None,
+    fallback: torch.Generator | None = None,
+    num_draft_cpu: Sequence[int] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Verify drafts against the target.
+
+    Args:
+        target_logits: [T, V], T = sum_b (num_draft[b] + 1), request-major; for each request its
+            num_draft[b] draft positions, then its bonus position.
+        draft_token_ids: [B, K] int64, padded with -1 beyond num_draft[b].
+        num_draft: [B] int64 in 0..K (0: plain decode, just sample the bonus).
+        st: sampling parameters per request (B rows).
+        draft_probs: [B, K, V] drafter probabilities, or None for an argmax drafter (point mass).
+        fallback: generator for rows without their own seeded generator.
+        num_draft_cpu: optional host copy of ``num_draft``; only decides how many uniforms a seeded
+            row draws (see the module docstring).
+
+    Returns:
+        (output_token_ids [B, K + 1] int64 with PLACEHOLDER after the emitted tokens,
+         num_emitted [B] int64 = accepted + 1).
+    """
+    num_reqs, k = draft_token_ids.shape
+    num_rows, vocab = target_logits.shape
+    device = target_logits.device
+    draft = draft_token_ids.to(device=device, dtype=torch.int64)
+    num_draft = num_draft.to(device=device, dtype=torch.int64)
+
+    # index of each request's rows in the flat [T, V] logits; positions past num_draft map to the bonus
+    rows_per_req = num_draft + 1
+    start = rows_per_req.cumsum(0) - rows_per_req
+    col = torch.arange(k + 1, device=device)
+    row_idx = start.unsqueeze(1) + torch.minimum(col.unsqueeze(0), num_draft.unsqueeze(1))  # [B, K+1]
+    bonus_idx = start + num_draft  # [B]
+    valid = col[:k].unsqueeze(0) < num_draft.unsqueeze(1)  # [B, K]
+    safe_draft = draft.clamp(0, vocab - 1)
+
+    # greedy: every emitted token is the target argmax at its position
+    if not st.all_random:
+        target_argmax = target_logits.argmax(dim=-1)[row_idx]  # [B, K+1]
+        match = (draft == target_argmax[:, :k]) & valid
+        accepted_g = match.to(torch.int64).cumprod(dim=1).sum(dim=1)
+        final_g = target_argmax.gather(1, accepted_g.unsqueeze(1)).squeeze(1)
+        if st.all_greedy:
+            return _assemble(draft, accepted_g, final_g, k), accepted_g + 1
+
+    # random: ratio test on the constrained target distribution
+    req_of_row = torch.repeat_interleave(
+        torch.arange(num_reqs, device=device), rows_per_req, output_size=num_rows
+    )
+    probs = apply_sampling_constraints(target_logits, _per_token_tensors(st, req_of_row)).softmax(dim=-1)
+    u = _draw_uniform(num_reqs, k, st.generators, fallback, device, num_draft_cpu)
+    if k > 0:
+        draft_rows = row_idx[:, :k]  # [B, K]
+        p_d = probs[draft_rows, safe_draft].to(torch.float64)  # [B, K]
+        if draft_probs is None:
+            accept = p_d >= u
+        else:
+            q_all = draft_probs.to(device)
+            q_d = q_all.gather(-1, safe_draft.unsqueeze(-1)).squeeze(-1).to(torch.float64)
+            accept = (q_d > 0) & (p_d >= u * q_d)
+        accepted_r = (accept & valid).to(torch.int64).cumprod(dim=1).sum(dim=1)
+        # recovery distribution at the first rejected position (unused when all were accepted)
+        rej = accepted_r.clamp(max=k - 1)
+        ar = torch.arange(num_reqs, device=device)
+        p_rej = probs[row_idx[ar, rej]]  # [B, V]
+        q_rej = None if draft_probs is None else q_all[ar, rej]
+        recover = _residual(p_rej, safe_draft[ar, rej], q_rej)
+        rejected = (accepted_r < num_draft).unsqueeze(1)
+        dist = torch.where(rejected, recover, probs[bonus_idx])
+    else:
+        accepted_r = torch.zeros(num_reqs, dtype=torch.int64, device=device)
+        dist = probs[bonus_idx]
+    e = draw_exponential(num_reqs, vocab, st.generators, fallback, device)
+    final_r = (dist / e).argmax(dim=-1)
+
+    if st.all_random:
+        return _assemble(draft, accepted_r, final_r, k), accepted_r + 1
+    accepted = torch.where(st.greedy, accepted_g, accepted_r)
+    final = torch.where(st.greedy, final_g, final_r)
+    return _assemble(draft, accepted, final, k), accepted + 1
+
+
+def _assemble(draft: torch.Tensor, accepted: torch.Tensor, final: torch.Tensor, k: int) -> torch.Tensor:
+    """[B, K+1]: drafts[:accepted], then ``final``, then PLACEHOLDER."""
+    num_reqs = draft.shape[0]
+    out = torch.full((num_reqs, k + 1), PLACEHOLDER, dtype=torch.int64, device=draft.device)
+    if k > 0:
+        keep = torch.arange(k, device=draft.device).unsqueeze(0) < accepted.unsqueeze(1)
+        out[:, :k] = torch.where(keep, draft, out[:, :k])
+    out.scatter_(1, accepted.unsqueeze(1), final.unsqueeze(1))
+    return out

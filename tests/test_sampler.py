@@ -1,0 +1,278 @@
+"""Tests for specserve.layers.sampler."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from specserve.layers.sampler import (
+    SamplingTensors,
+    apply_sampling_constraints,
+    compute_logprobs,
+    gather_logprobs,
+    sample,
+)
+from specserve.sampling_params import SamplingParams
+
+
+def chi2_pvalue(counts: torch.Tensor, probs: torch.Tensor) -> float:
+    """Pearson chi-square goodness-of-fit p-value; cells with expected < 5 are pooled."""
+    counts = counts.to(torch.float64)
+    n = counts.sum()
+    expected = probs.to(torch.float64) / probs.sum() * n
+    if bool((counts[expected == 0] > 0).any()):
+        return 0.0  # an impossible outcome happened
+    pos = expected > 0
+    small = pos & (expected < 5)
+    obs = counts[pos & ~small]
+    exp = expected[pos & ~small]
+    if bool(small.any()):
+        obs = torch.cat([obs, counts[small].sum().reshape(1)])
+        exp = torch.cat([exp, expected[small].sum().reshape(1)])
+    stat = ((obs - exp) ** 2 / exp).sum()
+    df = obs.numel() - 1
+    if df <= 0:
+        return 1.0
+    return float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64), stat / 2))
+
+
+def _st(params: list[SamplingParams], gens: list[torch.Generator | None] | None = None) -> SamplingTensors:
+    return SamplingTensors.from_params(params, gens, "cpu")
+
+
+def _kept(logits: torch.Tensor, params: SamplingParams) -> set[int]:
+    out = apply_sampling_constraints(logits.unsqueeze(0), _st([params]))[0]
+    return set(torch.nonzero(torch.isfinite(out)).flatten().tolist())
+
+
+def test_chi2_helper_sanity() -> None:
+    p = torch.tensor([0.5, 0.3, 0.2])
+    assert chi2_pvalue(torch.tensor([5000, 3000, 2000]), p) > 0.99
+    assert chi2_pvalue(torch.tensor([5500, 2700, 1800]), p) < 1e-6
+    assert chi2_pvalue(torch.tensor([5000, 3000, 2000]), torch.tensor([0.5, 0.5, 0.0])) == 0.0
+
+
+def test_from_params_and_flags() -> None:
+    g = torch.Generator().manual_seed(1)
+    st = _st(
+        [
+            SamplingParams(temperature=0.0, top_k=5, top_p=0.5),
+            SamplingParams(temperature=0.8, top_k=1),
+            SamplingParams(temperature=0.7, top_p=0.9, min_p=0.1, seed=3),
+        ],
+        [None, None, g],
+    )
+    assert st.greedy.tolist() == [True, True, False]
+    assert st.temperature.tolist()[:2] == [0.0, 0.0]
+    assert st.temperature[2].item() == pytest.approx(0.7)
+    # greedy rows carry neutral filters, so the flags describe the sampling rows only
+    assert st.top_k.tolist() == [0, 0, 0]
+    assert st.no_top_k and not st.no_top_p and not st.no_min_p
+    assert not st.all_greedy and not st.all_random
+    assert st.generators[2] is g
+    assert _st([SamplingParams(temperature=0.0)]).all_greedy
+    assert _st([SamplingParams(temperature=1.0)]).all_random
+    with pytest.raises(ValueError):
+        SamplingTensors.from_params([SamplingParams()], [None, None], "cpu")
+
+
+def test_repeat_interleave() -> None:
+    g = torch.Generator().manual_seed(0)
+    st = _st([SamplingParams(temperature=0.5, top_k=3), SamplingParams(temperature=0.0)], [g, None])
+    ex = st.repeat_interleave([3, 1])
+    assert ex.temperature.tolist() == [0.5, 0.5, 0.5, 0.0]
+    assert ex.top_k.tolist() == [3, 3, 3, 0]
+    assert ex.greedy.tolist() == [False, False, False, True]
+    assert ex.generators == [g, g, g, None]
+    assert not ex.no_top_k
+
+
+def test_top_k_one_equals_greedy() -> None:
+    torch.manual_seed(0)
+    logits = torch.randn(64, 50) * 3
+    argmax = logits.argmax(-1)
+    # through SamplingParams: top_k=1 is classified greedy
+    st = _st([SamplingParams(temperature=1.3, top_k=1)] * 64)
+    assert bool(st.all_greedy)
+    assert torch.equal(sample(logits, st), argmax)
+    # and the random path with top_k = 1 also only ever picks the argmax
+    st_rand = _st([SamplingParams(temperature=1.3, top_k=2)] * 64)
+    st_rand.top_k.fill_(1)
+    for _ in range(5):
+        assert torch.equal(sample(logits, st_rand), argmax)
+    # temperature 0 is argmax of the raw logits
+    assert torch.equal(sample(logits, _st([SamplingParams(temperature=0.0)] * 64)), argmax)
+
+
+def test_top_k_keeps_exactly_k() -> None:
+    logits = torch.tensor([0.1, 2.0, -1.0, 3.0, 0.5, 1.5])
+    assert _kept(logits, SamplingParams(temperature=1.0, top_k=2)) == {3, 1}
+    assert _kept(logits, SamplingParams(temperature=1.0, top_k=3)) == {3, 1, 5}
+    assert _kept(logits, SamplingParams(temperature=1.0, top_k=100)) == set(range(6))
+    assert _kept(logits, SamplingParams(temperature=1.0, top_k=0)) == set(range(6))
+
+
+def test_top_p_keeps_smallest_nucleus() -> None:
+    probs = torch.tensor([0.05, 0.4, 0.1, 0.3, 0.15])
+    logits = probs.log()
+    # sorted: 0.4 (1), 0.3 (3), 0.15 (4), 0.1 (2), 0.05 (0)
+    assert _kept(logits, SamplingParams(temperature=1.0, top_p=0.35)) == {1}
+    assert _kept(logits, SamplingParams(temperature=1.0, top_p=0.45)) == {1, 3}
+    assert _kept(logits, SamplingParams(temperature=1.0, top_p=0.7)) == {1, 3}
+    assert _kept(logits, SamplingParams(temperature=1.0, top_p=0.71)) == {1, 3, 4}
+    assert _kept(logits, SamplingParams(temperature=1.0, top_p=0.9)) == {1, 3, 4, 2}
+    assert _kept(logits, SamplingParams(temperature=1.0, top_p=1.0)) == set(range(5))
+    # the top token always stays, even for tiny top_p
+    assert _kept(logits, SamplingParams(temperature=1.0, top_p=1e-6)) == {1}
+    # top_p applies to the top-k renormalized distribution: within {1, 3} mass is 4/7, 3/7
+    assert _kept(logits, SamplingParams(temperature=1.0, top_k=2, top_p=0.5)) == {1}
+    assert _kept(logits, SamplingParams(temperature=1.0, top_k=2, top_p=0.6)) == {1, 3}
+
+
+def test_top_p_after_temperature() -> None:
+    logits = torch.tensor([2.0, 1.0, 0.0])
+    # T=1: probs .665 .245 .090 -> top_p .8 keeps 2 tokens; T=0.25 sharpens: first alone has .98
+    assert _kept(logits, SamplingParams(temperature=1.0, top_p=0.8)) == {0, 1}
+    assert _kept(logits, SamplingParams(temperature=0.25, top_p=0.8)) == {0}
+
+
+def test_min_p() -> None:
+    probs = torch.tensor([0.5, 0.2, 0.06, 0.04, 0.2])
+    logits = probs.log()
+    # threshold 0.1 * 0.5 = 0.05
+    assert _kept(logits, SamplingParams(temperature=1.0, min_p=0.1)) == {0, 1, 2, 4}
+    # threshold 0.5 * 0.5 = 0.25
+    assert _kept(logits, SamplingParams(temperature=1.0, min_p=0.5)) == {0}
+    assert _kept(logits, SamplingParams(temperature=1.0, min_p=0.0)) == set(range(5))
+    # combined with top_k
+    assert _kept(logits, SamplingParams(temperature=1.0, min_p=0.1, top_k=2)) in ({0, 1}, {0, 4})
+
+
+def test_constraints_are_per_row_and_do_not_modify_input() -> None:
+    logits = torch.tensor([[3.0, 2.0, 1.0, 0.0]] * 3)
+    before = logits.clone()
+    st = _st(
+        [
+            SamplingParams(temperature=1.0, top_k=2),
+            SamplingParams(temperature=2.0),
+            SamplingParams(temperature=0.0, top_k=1),
+        ]
+    )
+    out = apply_sampling_constraints(logits, st)
+    assert torch.equal(logits, before)
+    assert out.dtype == torch.float32
+    assert torch.isinf(out[0, 2:]).all() and torch.equal(out[0, :2], logits[0, :2])
+    assert torch.allclose(out[1], logits[1] / 2)
+    assert torch.equal(out[2], logits[2])  # greedy rows: divided by 1, filters neutral
+
+
+def test_seeded_generator_reproducible_and_seed_dependent() -> None:
+    logits = torch.zeros(1, 1000)  # uniform over 1000 tokens
+
+    def run(seed: int) -> list[int]:
+        g = torch.Generator().manual_seed(seed)
+        st = _st([SamplingParams(temperature=1.0, seed=seed)], [g])
+        return [int(sample(logits, st)[0]) for _ in range(20)]
+
+    assert run(7) == run(7)
+    assert run(7) != run(8)
+
+
+def test_fallback_generator_reproducible() -> None:
+    logits = torch.randn(32, 100)
+    st = _st([SamplingParams(temperature=0.9)] * 32)
+    a = sample(logits, st, torch.Generator().manual_seed(5))
+    b = sample(logits, st, torch.Generator().manual_seed(5))
+    c = sample(logits, st, torch.Generator().manual_seed(6))
+    assert torch.equal(a, b)
+    assert not torch.equal(a, c)
+
+
+def test_seeded_row_independent_of_batch() -> None:
+    vocab = 50
+    torch.manual_seed(0)
+    base = torch.randn(vocab)
+    params = SamplingParams(temperature=1.0, top_p=0.95, seed=42)
+
+    g = torch.Generator().manual_seed(42)
+    alone = [int(sample(base.unsqueeze(0), _st([params], [g]))[0]) for _ in range(40)]
+
+    g = torch.Generator().manual_seed(42)
+    other = torch.Generator().manual_seed(1)
+    batch_params = [
+        SamplingParams(temperature=0.5, top_k=5),
+        params,
+        SamplingParams(temperature=0.0),
+        SamplingParams(temperature=1.2, seed=1),
+    ]
+    st = _st(batch_params, [None, g, None, other])
+    fallback = torch.Generator().manual_seed(123)
+    in_batch = []
+    for _ in range(40):
+        logits = torch.randn(4, vocab)
+        logits[1] = base
+        in_batch.append(int(sample(logits, st, fallback)[1]))
+    assert alone == in_batch
+    assert len(set(alone)) > 5  # it really is random
+
+
+def test_mixed_batch_greedy_rows_take_argmax() -> None:
+    torch.manual_seed(1)
+    logits = torch.randn(6, 30)
+    params = [SamplingParams(temperature=t) for t in (0.0, 1.0, 0.0, 1.5, 0.0, 0.8)]
+    st = _st(params)
+    out = sample(logits, st, torch.Generator().manual_seed(0))
+    assert out.shape == (6,) and out.dtype == torch.int64
+    assert out[[0, 2, 4]].tolist() == logits[[0, 2, 4]].argmax(-1).tolist()
+
+
+def _target_probs(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
+    """Independent reference: softmax(logits / T), keep the smallest nucleus >= top_p, renormalize."""
+    p = torch.softmax(logits.double() / temperature, -1)
+    order = sorted(range(len(p)), key=lambda i: -float(p[i]))
+    kept, mass = [], 0.0
+    for i in order:
+        if kept and mass >= top_p:
+            break
+        kept.append(i)
+        mass += float(p[i])
+    out = torch.zeros_like(p)
+    out[kept] = p[kept]
+    return out / out.sum()
+
+
+def test_sample_distribution_chi_square() -> None:
+    logits = torch.tensor([1.0, 0.2, -0.5, 2.0, 0.0, -2.0, 1.5, -1.0])
+    n = 20000
+    st = _st([SamplingParams(temperature=0.7, top_p=0.9)] * n)
+    tokens = sample(logits.expand(n, -1), st, torch.Generator().manual_seed(2024))
+    counts = torch.bincount(tokens, minlength=8)
+    target = _target_probs(logits, 0.7, 0.9)
+    assert (target == 0).sum() >= 2  # top_p really truncates something here
+    assert chi2_pvalue(counts, target) > 0.001
+    # power: the same samples must reject nearby wrong distributions
+    assert chi2_pvalue(counts, _target_probs(logits, 0.7, 1.0)) < 0.001  # no truncation
+    assert chi2_pvalue(counts, _target_probs(logits, 0.8, 0.9)) < 0.001  # wrong temperature
+    wrong = target.clone()
+    wrong[3] += 0.06  # shifts P(3) by ~0.02, about 6 standard errors at n = 20k
+    assert chi2_pvalue(counts, wrong) < 0.001
+
+
+def test_compute_and_gather_logprobs() -> None:
+    logits = torch.tensor([[1.0, 3.0, 2.0, 0.0], [0.0, 0.0, 5.0, 0.0]], dtype=torch.bfloat16)
+    lp = compute_logprobs(logits)
+    assert lp.dtype == torch.float32
+    assert torch.allclose(lp.exp().sum(-1), torch.ones(2))
+    assert torch.allclose(lp, torch.log_softmax(logits.float(), -1))
+    chosen, ranks, top_ids, top_lps = gather_logprobs(lp, torch.tensor([2, 1]), 2)
+    assert torch.allclose(chosen, torch.stack([lp[0, 2], lp[1, 1]]))
+    assert ranks.tolist() == [2, 4]  # ties share the worst rank (vLLM counts >=)
+    assert top_ids[0].tolist() == [1, 2]
+    assert top_ids[1, 0].item() == 2
+    assert torch.allclose(top_lps[0], lp[0, [1, 2]])
+    _, ranks1, ids0, lps0 = gather_logprobs(lp, torch.tensor([1, 2]), 0)
+    assert ranks1.tolist() == [1, 1]
+    assert ids0.shape == (2, 0) and lps0.shape == (2, 0)
+    assert math.isclose(float(chosen[1]), float(lp[1, 1]))
