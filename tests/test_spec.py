@@ -1,0 +1,320 @@
+"""Lossless speculative decoding: DFlash, EAGLE-3 and n-gram; vLLM-compatible config, metrics and loading."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+
+from drafters import make_dflash, make_eagle3
+from specserve import LLM, SamplingParams
+from specserve.config import SpeculativeConfig
+from specserve.engine.engine import SpecStats, spec_log_line
+from specserve.spec.proposer import DraftInput, Proposer
+
+PROMPTS = [
+    "The capital of France is",
+    "1 2 3 4 5 6 7 8 9 10 1 2 3 4 5 6 7 8 9 10 1 2 3 4 5 6 7",
+    "Hello there, how are you doing today? I wanted to ask you about the weather in",
+    "a",
+]
+VOCAB = 49152
+N = 24
+
+
+@pytest.fixture(scope="module")
+def dflash_dir(tmp_path_factory) -> str:
+    return make_dflash(tmp_path_factory.mktemp("dflash"), 64, 4, VOCAB, layer_ids=[0, 2])
+
+
+@pytest.fixture(scope="module")
+def dflash_swa_dir(tmp_path_factory) -> str:
+    return make_dflash(
+        tmp_path_factory.mktemp("dflash_swa"),
+        64,
+        4,
+        VOCAB,
+        layer_ids=[1, 2, 3],
+        num_layers=2,
+        layer_types=["sliding_attention", "full_attention"],
+        sliding_window=8,
+        block_size=8,
+    )
+
+
+@pytest.fixture(scope="module")
+def eagle_dir(tmp_path_factory) -> str:
+    return make_eagle3(tmp_path_factory.mktemp("eagle"), 64, 4, VOCAB)
+
+
+@pytest.fixture(scope="module")
+def eagle_d2t_dir(tmp_path_factory) -> str:
+    return make_eagle3(tmp_path_factory.mktemp("eagle_d2t"), 64, 4, VOCAB, draft_vocab=1000)
+
+
+@pytest.fixture(scope="module")
+def baseline(tiny_qwen3_dir):
+    llm = LLM(tiny_qwen3_dir, dtype="float32", device="cpu", max_num_seqs=4)
+    sp = SamplingParams(temperature=0, max_tokens=N, ignore_eos=True)
+    return [o.outputs[0].token_ids for o in llm.generate(PROMPTS, sp)]
+
+
+def _spec_run(model: str, spec: dict, prompts=PROMPTS, **kw):
+    llm = LLM(model, dtype="float32", device="cpu", max_num_seqs=4, speculative_config=spec, **kw)
+    sp = SamplingParams(temperature=0, max_tokens=N, ignore_eos=True)
+    return llm, [o.outputs[0].token_ids for o in llm.generate(prompts, sp)]
+
+
+CASES = [
+    ("ngram", 1),
+    ("ngram", 4),
+    ("dflash", 1),
+    ("dflash", 4),
+    ("dflash", 15),
+    ("eagle3", 1),
+    ("eagle3", 4),
+]
+
+
+@pytest.mark.parametrize("method,k", CASES)
+def test_greedy_lossless_batched(method, k, tiny_qwen3_dir, baseline, dflash_dir, eagle_dir):
+    spec = {"method": method, "num_speculative_tokens": k}
+    if method == "ngram":
+        spec.update(prompt_lookup_min=1, prompt_lookup_max=3)
+    else:
+        spec["model"] = dflash_dir if method == "dflash" else eagle_dir
+    llm, outs = _spec_run(tiny_qwen3_dir, spec)
+    assert outs == baseline
+    m = llm.get_metrics()
+    assert m["spec_decode_num_drafts"] > 0
+    assert m["spec_decode_num_draft_tokens"] >= m["spec_decode_num_drafts"]
+    assert len(m["spec_decode_num_accepted_tokens_per_pos"]) == k
+    assert sum(m["spec_decode_num_accepted_tokens_per_pos"]) == m["spec_decode_num_accepted_tokens"]
+    assert m["num_free_blocks"] == m["num_gpu_blocks"] or m["prefix_cache_queries"] > 0
+
+
+@pytest.mark.parametrize("batch", [1, 2, 3])
+def test_lossless_each_batch_size(batch, tiny_qwen3_dir, baseline, dflash_dir, eagle_dir):
+    for spec in (
+        {"method": "dflash", "model": dflash_dir, "num_speculative_tokens": 4},
+        {"method": "eagle3", "model": eagle_dir, "num_speculative_tokens": 4},
+    ):
+        _, outs = _spec_run(tiny_qwen3_dir, spec, prompts=PROMPTS[:batch])
+        assert outs == baseline[:batch]
+
+
+def test_dflash_sliding_window_layers_lossless(tiny_qwen3_dir, baseline, dflash_swa_dir):
+    _, outs = _spec_run(
+        tiny_qwen3_dir, {"method": "dflash", "model": dflash_swa_dir, "num_speculative_tokens": 7}
+    )
+    assert outs == baseline
+
+
+def test_spec_with_preemption_chunking_and_prefix_cache(tiny_qwen3_dir, baseline, dflash_dir, eagle_dir):
+    for spec in (
+        {"method": "dflash", "model": dflash_dir, "num_speculative_tokens": 4},
+        {"method": "eagle3", "model": eagle_dir, "num_speculative_tokens": 3},
+    ):
+        llm, outs = _spec_run(tiny_qwen3_dir, spec, num_gpu_blocks=9, max_num_batched_tokens=24)
+        assert outs == baseline
+        m = llm.get_metrics()
+        assert m["num_preemptions_total"] > 0
+        assert m["num_free_blocks"] == m["num_gpu_blocks"]
+        # same prompts again: prefix-cache hits for target and drafter blocks, same output
+        sp = SamplingParams(temperature=0, max_tokens=N, ignore_eos=True)
+        again = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, sp)]
+        assert again == baseline
+
+
+class ScriptedProposer(Proposer):
+    """Proposes from a known continuation (right=True) or always-wrong tokens (right=False)."""
+
+    method = "scripted"
+
+    def __init__(self, k: int, refs: dict[tuple[int, ...], list[int]], right: bool) -> None:
+        super().__init__(k)
+        self.refs, self.right = refs, right
+
+    def propose(self, inputs: list[DraftInput], features: torch.Tensor | None) -> list[list[int]]:
+        out = []
+        for inp in inputs:
+            k = min(self.num_speculative_tokens, inp.max_drafts)
+            if not inp.draft or k <= 0:
+                out.append([])
+                continue
+            for prompt, cont in self.refs.items():
+                if tuple(inp.token_ids[: len(prompt)]) == prompt:
+                    done = len(inp.token_ids) - len(prompt)
+                    nxt = cont[done : done + k]
+                    out.append(nxt if self.right else [(t + 1) % VOCAB for t in nxt])
+                    break
+            else:
+                out.append([])
+        return out
+
+
+@pytest.mark.parametrize("right", [True, False])
+def test_scripted_proposer_acceptance(right, tiny_qwen3_dir, smol_tokenizer):
+    k = 4
+    max_tokens = 1 + 6 * (k + 1)  # prefill token, then 6 full steps of k+1
+    base = LLM(tiny_qwen3_dir, dtype="float32", device="cpu", max_num_seqs=4)
+    sp = SamplingParams(temperature=0, max_tokens=max_tokens + k + 1, ignore_eos=True)
+    full = [o.outputs[0].token_ids for o in base.generate(PROMPTS[:3], sp)]
+    refs = {tuple(smol_tokenizer(p).input_ids): f for p, f in zip(PROMPTS[:3], full)}
+    llm = LLM(
+        tiny_qwen3_dir,
+        dtype="float32",
+        device="cpu",
+        max_num_seqs=4,
+        speculative_config={"method": "ngram", "num_speculative_tokens": k},
+    )
+    llm.engine.runner.proposer = ScriptedProposer(k, refs, right)
+    sp = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+    outs = [o.outputs[0].token_ids for o in llm.generate(PROMPTS[:3], sp)]
+    assert outs == [f[:max_tokens] for f in full]
+    m = llm.get_metrics()
+    drafts, drafted, accepted = (
+        m["spec_decode_num_drafts"],
+        m["spec_decode_num_draft_tokens"],
+        m["spec_decode_num_accepted_tokens"],
+    )
+    if right:
+        assert drafts == 3 * 6 and drafted == 3 * 6 * k and accepted == drafted
+        assert 1 + accepted / drafts == k + 1
+        assert m["spec_decode_num_accepted_tokens_per_pos"] == [drafts] * k
+    else:
+        # one token per step; the last step has no room left for drafts
+        assert accepted == 0 and drafts == 3 * (max_tokens - 2)
+        assert 1 + accepted / drafts == 1.0
+
+
+def test_sampling_with_spec_is_seeded_and_reasonable(tiny_qwen3_dir, dflash_dir):
+    spec = {"method": "dflash", "model": dflash_dir, "num_speculative_tokens": 4}
+    llm = LLM(tiny_qwen3_dir, dtype="float32", device="cpu", speculative_config=spec)
+    sp = SamplingParams(temperature=0.8, top_p=0.9, top_k=50, seed=11, max_tokens=20, ignore_eos=True)
+    a = llm.generate(PROMPTS[0], sp)[0].outputs[0].token_ids
+    b = llm.generate(PROMPTS[0], sp)[0].outputs[0].token_ids
+    assert a == b and len(a) == 20
+
+
+def test_near_max_model_len_drafts_fewer(tiny_qwen3_dir, smol_tokenizer, dflash_dir):
+    prompt = PROMPTS[2]
+    plen = len(smol_tokenizer(prompt).input_ids)
+    max_len = plen + 10
+    base = LLM(tiny_qwen3_dir, dtype="float32", device="cpu", max_model_len=max_len)
+    sp = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+    ref = base.generate(prompt, sp)[0].outputs[0].token_ids
+    llm = LLM(
+        tiny_qwen3_dir,
+        dtype="float32",
+        device="cpu",
+        max_model_len=max_len,
+        speculative_config={"method": "dflash", "model": dflash_dir, "num_speculative_tokens": 15},
+    )
+    out = llm.generate(prompt, sp)[0].outputs[0]
+    assert out.token_ids == ref and out.finish_reason == "length"
+    m = llm.get_metrics()
+    # each step drafts at most the room left before max_model_len (9, 8, ... 1), never K=15
+    assert m["spec_decode_num_draft_tokens"] <= sum(range(1, 10))
+    assert m["spec_decode_num_draft_tokens"] < 15 * m["spec_decode_num_drafts"]
+
+
+def test_speculative_config_validation(tiny_qwen3_dir, dflash_dir, tmp_path):
+    with pytest.raises(ValueError, match="unknown key 'num_spec_tokens'"):
+        SpeculativeConfig.from_any({"method": "ngram", "num_spec_tokens": 3})
+    with pytest.raises(ValueError, match="num_speculative_tokens"):
+        SpeculativeConfig.from_any({"method": "ngram", "num_speculative_tokens": 0})
+    with pytest.raises(ValueError, match="draft_tensor_parallel_size"):
+        SpeculativeConfig.from_any(
+            {"method": "ngram", "num_speculative_tokens": 2, "draft_tensor_parallel_size": 2}
+        )
+    with pytest.raises(ValueError, match="prompt_lookup_min"):
+        SpeculativeConfig.from_any(
+            {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 4, "prompt_lookup_max": 2}
+        )
+    with pytest.raises(ValueError, match="'method' must be one of"):
+        SpeculativeConfig.from_any({"method": "draft", "model": "x", "num_speculative_tokens": 2})
+    with pytest.raises(ValueError, match="not valid JSON"):
+        SpeculativeConfig.from_any("{method: ngram")
+    assert (
+        SpeculativeConfig.from_any(
+            {"model": "z-lab/Qwen3-8B-DFlash-b16", "num_speculative_tokens": 15}
+        ).method
+        == "dflash"
+    )
+    assert (
+        SpeculativeConfig.from_any({"model": "AngelSlim/Qwen3-8B_eagle3", "num_speculative_tokens": 3}).method
+        == "eagle3"
+    )
+    cfg = SpeculativeConfig.from_any(
+        '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4}'
+    )
+    assert (cfg.prompt_lookup_min, cfg.prompt_lookup_max) == (4, 4)
+    with pytest.raises(ValueError, match="between 1 and block_size-1=15"):
+        LLM(
+            tiny_qwen3_dir,
+            device="cpu",
+            speculative_config={"method": "dflash", "model": dflash_dir, "num_speculative_tokens": 16},
+        )
+
+
+def test_drafter_target_mismatch_is_a_clear_error(tiny_qwen3_dir, tmp_path):
+    # fc built for 3 taps of hidden 64 but the config lists 2 taps -> width mismatch
+    bad = make_dflash(tmp_path / "bad", 64, 4, VOCAB, layer_ids=[0, 1, 2])
+    import json
+
+    cfg = json.loads((Path(bad) / "config.json").read_text())
+    cfg["dflash_config"]["target_layer_ids"] = [0, 2]
+    (Path(bad) / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="draft/target mismatch"):
+        LLM(
+            tiny_qwen3_dir,
+            device="cpu",
+            speculative_config={"method": "dflash", "model": bad, "num_speculative_tokens": 4},
+        )
+    wide = make_dflash(tmp_path / "wide", 32, 4, VOCAB)
+    with pytest.raises(ValueError, match="hidden_size"):
+        LLM(
+            tiny_qwen3_dir,
+            device="cpu",
+            speculative_config={"method": "dflash", "model": wide, "num_speculative_tokens": 4},
+        )
+    far = make_dflash(tmp_path / "far", 64, 40, VOCAB, layer_ids=[1, 30])
+    with pytest.raises(ValueError, match="target_layer_ids"):
+        LLM(
+            tiny_qwen3_dir,
+            device="cpu",
+            speculative_config={"method": "dflash", "model": far, "num_speculative_tokens": 4},
+        )
+
+
+def test_eagle3_d2t_maps_draft_ids(tiny_qwen3_dir, baseline, eagle_d2t_dir):
+    llm, outs = _spec_run(
+        tiny_qwen3_dir, {"method": "eagle3", "model": eagle_d2t_dir, "num_speculative_tokens": 3}
+    )
+    assert outs == baseline
+    head = llm.engine.runner.proposer.model
+    ids = torch.tensor([0, 1, 5, 999])
+    assert head.to_target_ids(ids).tolist() == [0, 2, 10, 1998]  # d2t offsets: target = draft + d2t[draft]
+    assert head.draft_vocab_size == 1000
+
+
+def test_spec_metrics_log_line(tiny_qwen3_dir, dflash_dir, caplog):
+    cur = SpecStats(4, 16, 10, [4, 3, 2, 1])
+    line = spec_log_line(cur, SpecStats(), 2.0, 4)
+    assert line.startswith("SpecDecoding metrics: Mean acceptance length: 3.50")
+    assert "Per-position acceptance rate: 1.000, 0.750, 0.500, 0.250" in line
+    assert "Avg Draft acceptance rate: 62.5%" in line
+    llm = LLM(
+        tiny_qwen3_dir,
+        dtype="float32",
+        device="cpu",
+        disable_log_stats=False,
+        speculative_config={"method": "dflash", "model": dflash_dir, "num_speculative_tokens": 2},
+    )
+    llm.engine.config.log_stats_interval = 0.0
+    with caplog.at_level(logging.INFO, logger="specserve"):
+        llm.generate(PROMPTS[0], SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))
+    assert any("SpecDecoding metrics: Mean acceptance length" in r.message for r in caplog.records)
