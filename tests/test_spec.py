@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from drafters import make_dflash, make_eagle3
+
 from specserve import LLM, SamplingParams
 from specserve.config import SpeculativeConfig
 from specserve.engine.engine import SpecStats, spec_log_line
