@@ -163,7 +163,7 @@ class LLMEngine:
             path = os.path.join(path, "generation_config.json") if os.path.isdir(path) else path
             with open(path) as f:
                 gen = json.load(f)
-        out = {}
+        out: dict[str, Any] = {}
         for key in ("temperature", "top_p", "top_k", "min_p"):
             if key in gen and gen[key] is not None:
                 out[key] = gen[key]

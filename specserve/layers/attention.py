@@ -31,7 +31,12 @@ class AttentionBackend:
     name = "base"
 
     def store(
-        self, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor
+        self,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        slots: torch.Tensor,
     ) -> None:
         raise NotImplementedError
 

@@ -94,7 +94,7 @@ def _hf_config(path: str, trust_remote_code: bool) -> Any:
 
     try:
         return AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
-    except (ValueError, KeyError) as e:
+    except (ValueError, KeyError, OSError) as e:
         if trust_remote_code or "model type" not in str(e):
             raise ValueError(f"Cannot read config.json in '{path}': {_one_line(e)}") from None
         return PretrainedConfig.from_pretrained(
@@ -178,9 +178,13 @@ def resolve_checkpoint(
     gg = _find_gguf(model)
     if gg is not None:
         gdir, gfile = gg
-        return Checkpoint(
-            path=gdir, hf_config=load_gguf_config(os.path.join(gdir, gfile), _gguf_cache()), gguf_file=gfile
-        )
+        try:
+            hf_config = load_gguf_config(os.path.join(gdir, gfile), _gguf_cache())
+        except Exception as e:
+            raise ValueError(
+                f"Cannot read the GGUF file '{os.path.join(gdir, gfile)}': {_one_line(e)}"
+            ) from None
+        return Checkpoint(path=gdir, hf_config=hf_config, gguf_file=gfile)
     path = os.path.abspath(model)
     if not os.path.isfile(os.path.join(path, "config.json")):
         raise ValueError(

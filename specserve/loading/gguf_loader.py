@@ -5,6 +5,7 @@ Supported GGUF architectures: llama / mistral (Q/K rows un-permuted back to HF's
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -66,8 +67,8 @@ def _reader(file: str) -> Any:
     import gguf
 
     class _Reader(gguf.GGUFReader):
-        @property
-        def data(self) -> np.ndarray:  # type: ignore[override]
+        @property  # type: ignore[override]
+        def data(self) -> np.ndarray:
             return self._plain_data
 
         @data.setter
@@ -115,12 +116,17 @@ def _cached(cache_dir: Path, build: Callable[[str], None], load: Callable[[str],
     tmp = tempfile.mkdtemp(dir=cache_dir.parent, prefix=f".{cache_dir.name}-")
     try:
         build(tmp)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            cache_dir.parent.rmdir()  # leave no empty entry behind for a file that cannot be read
+        raise
+    try:
         os.replace(tmp, cache_dir)
     except OSError:  # another process won the race (target exists and is not empty)
+        shutil.rmtree(tmp, ignore_errors=True)
         if not cache_dir.is_dir():
             raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return load(str(cache_dir))
 
 

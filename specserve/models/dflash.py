@@ -127,7 +127,10 @@ class DFlashDraftModel(nn.Module):
         ).contiguous()
         if self.cfg.attention_bias:
             self.ctx_kv_bias = torch.cat([lyr.self_attn.qkv_proj.bias[q:] for lyr in self.layers], 0)
-        norms = [lyr.self_attn.k_norm.weight for lyr in self.layers if lyr.self_attn.k_norm is not None]
+        norms: list[torch.Tensor] = []
+        for lyr in self.layers:
+            if lyr.self_attn.k_norm is not None:
+                norms.append(lyr.self_attn.k_norm.weight)
         self.ctx_k_norm = torch.stack(norms, 0) if norms else torch.empty(0)
 
     def context_kv(

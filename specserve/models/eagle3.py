@@ -40,6 +40,7 @@ class Eagle3DraftModel(nn.Module):
         self.norm_before_residual = bool(raw.get("norm_before_residual", False))
         self.embed_tokens: nn.Embedding | None = None
         self.lm_head: nn.Linear | None = None
+        self.d2t: torch.Tensor
         self.register_buffer("d2t", torch.zeros(self.draft_vocab_size, dtype=torch.long), persistent=False)
 
     @torch.no_grad()
@@ -66,7 +67,7 @@ class Eagle3DraftModel(nn.Module):
             if name == "t2d":
                 continue
             if name == "embed_tokens.weight":
-                self.embed_tokens = nn.Embedding(*t.shape, device=t.device, dtype=self.fc.weight.dtype)
+                self.embed_tokens = nn.Embedding(t.shape[0], t.shape[1], device=t.device, dtype=self.fc.weight.dtype)
                 self.embed_tokens.weight.copy_(t)
                 continue
             if name == "lm_head.weight":
