@@ -130,7 +130,7 @@ class DFlashDraftModel(nn.Module):
         norms: list[torch.Tensor] = []
         for lyr in self.layers:
             if lyr.self_attn.k_norm is not None:
-                norms.append(lyr.self_attn.k_norm.weight)
+                norms.append(lyr.self_attn.k_norm.weight)  # type: ignore[arg-type]
         self.ctx_k_norm = torch.stack(norms, 0) if norms else torch.empty(0)
 
     def context_kv(
