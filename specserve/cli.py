@@ -153,7 +153,7 @@ def _quiet_libraries() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] in ("generate", "serve", "train", "eval-acceptance", "bench"):
+    if argv and argv[0] in ("generate", "train", "eval-acceptance"):
         _quiet_libraries()
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)

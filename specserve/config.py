@@ -236,6 +236,8 @@ class EngineConfig:
     disable_log_stats: bool = True
     log_stats_interval: float = 10.0
     attention_backend: str = "auto"  # auto | torch | triton
+    # decode/verify steps padded to static shapes (what CUDA graphs replay); None = on with CUDA graphs
+    padded_decode: bool | None = None
 
     def __post_init__(self) -> None:
         if self.dtype not in (

@@ -34,6 +34,7 @@ class LLM:
         generation_config: str = "auto",
         disable_log_stats: bool = True,
         attention_backend: str = "auto",
+        padded_decode: bool | None = None,
         **kwargs: Any,
     ) -> None:
         if kwargs:
@@ -57,6 +58,7 @@ class LLM:
             generation_config=generation_config,
             disable_log_stats=disable_log_stats,
             attention_backend=attention_backend,
+            padded_decode=padded_decode,
         )
         self.engine = LLMEngine(self.config)
 

@@ -270,6 +270,7 @@ class LLMEngine:
         for req in parent.children:
             if not req.is_finished:
                 self.scheduler.finish(req, RequestStatus.FINISHED_ABORTED)
+                self.request_success["abort"] = self.request_success.get("abort", 0) + 1
             self.requests.pop(req.request_id, None)
 
     def has_unfinished_requests(self) -> bool:

@@ -17,6 +17,7 @@ from specserve.engine.scheduler import SchedulerOutput
 from specserve.layers.attention import AttnMetadata, make_backend
 from specserve.layers.sampler import SamplingTensors, compute_logprobs, gather_logprobs, sample
 from specserve.models.llama import DecoderLM
+from specserve.runner.cuda_graphs import BucketedGraphs, batch_buckets
 from specserve.spec.proposer import DraftInput, Proposer
 from specserve.spec.rejection import rejection_sample
 
@@ -166,6 +167,7 @@ class ModelRunner:
                 self.block_size,
             )
         self.num_blocks = num_blocks
+        self._setup_uniform_path()
         logger.info(
             "KV cache: %d blocks of %d tokens (%.1f MiB); max concurrency for %d-token requests: %.2fx",
             num_blocks,
@@ -174,6 +176,82 @@ class ModelRunner:
             self.max_model_len,
             num_blocks * self.block_size / self.max_model_len,
         )
+
+    # ------------------------------------------------------------------ uniform (graph) path
+    @property
+    def max_blocks_per_seq(self) -> int:
+        return -(-(self.max_model_len + 2 * self.num_speculative_tokens + 8) // self.block_size) + 1
+
+    def _setup_uniform_path(self) -> None:
+        """Static buffers + bucketed CUDA graphs for decode / verify steps (every request runs q tokens)."""
+        cfg = self.config
+        self.graphs: dict[int, BucketedGraphs] = {}
+        padded = cfg.padded_decode if cfg.padded_decode is not None else (self.device.type == "cuda")
+        if cfg.enforce_eager and cfg.padded_decode is None:
+            padded = False
+        self.use_padded = padded
+        if not padded:
+            return
+        capture = self.device.type == "cuda" and not cfg.enforce_eager
+        if capture and self.backend.name != "triton":
+            raise ValueError("CUDA graphs need the triton attention backend (or pass enforce_eager=True).")
+        max_b = cfg.max_num_seqs
+        k = self.num_speculative_tokens
+        q_lens = sorted({1, k + 1})
+        max_t = max_b * (k + 1)
+        dev = self.device
+        self.g_ids = torch.zeros(max_t, dtype=torch.long, device=dev)
+        self.g_pos = torch.zeros(max_t, dtype=torch.long, device=dev)
+        self.g_slots = torch.full((max_t,), -1, dtype=torch.long, device=dev)
+        self.g_qsl = torch.zeros(max_b + 1, dtype=torch.int32, device=dev)
+        self.g_seq = torch.zeros(max_b, dtype=torch.int32, device=dev)
+        self.g_bt = torch.zeros((max_b, self.max_blocks_per_seq), dtype=torch.int32, device=dev)
+        pool = None
+        for q in sorted(q_lens, reverse=True):
+
+            def fn(b: int, q: int = q) -> tuple[torch.Tensor, torch.Tensor | None]:
+                t = b * q
+                meta = AttnMetadata(
+                    self.g_qsl[: b + 1],
+                    self.g_seq[:b],
+                    self.g_bt[:b],
+                    self.g_slots[:t],
+                    max_query_len=q,
+                    max_seq_len=self.max_model_len + q,
+                )
+                hidden, feats = self.model(self.g_ids[:t], self.g_pos[:t], meta)
+                return self.model.compute_logits(hidden).float(), feats
+
+            self.graphs[q] = BucketedGraphs(f"target q_len={q}", fn, batch_buckets(max_b), dev, capture, pool)
+            pool = self.graphs[q].pool
+
+    def _forward_uniform(self, items: list, q: int) -> tuple[torch.Tensor, torch.Tensor | None]:  # type: ignore[type-arg]
+        """Pad every request to q tokens (drafts padded with token 0, no KV write) and replay the bucket."""
+        graphs = self.graphs[q]
+        b = graphs.bucket(len(items))
+        ids = torch.zeros(b * q, dtype=torch.long)
+        pos = torch.zeros(b * q, dtype=torch.long)
+        slots = torch.full((b * q,), -1, dtype=torch.long)
+        seq = torch.zeros(b, dtype=torch.int32)
+        bt = torch.zeros((b, self.g_bt.shape[1]), dtype=torch.int32)
+        for i, s in enumerate(items):
+            req, start = s.req, s.start
+            toks = [req.token_ids[start]] + s.spec_token_ids
+            n = len(toks)
+            ids[i * q : i * q + n] = torch.tensor(toks)
+            pos[i * q : (i + 1) * q] = torch.arange(start, start + q)
+            slots[i * q : i * q + n] = torch.tensor(
+                [self.slot(req.block_table, p) for p in range(start, start + n)]
+            )
+            seq[i] = start + q
+            bt[i, : len(req.block_table)] = torch.tensor(req.block_table, dtype=torch.int32)
+        self.g_ids[: b * q].copy_(ids, non_blocking=True)
+        self.g_pos[: b * q].copy_(pos, non_blocking=True)
+        self.g_slots[: b * q].copy_(slots, non_blocking=True)
+        self.g_seq[:b].copy_(seq, non_blocking=True)
+        self.g_qsl[: b + 1].copy_(torch.arange(0, (b + 1) * q, q, dtype=torch.int32), non_blocking=True)
+        self.g_bt[:b].copy_(bt, non_blocking=True)
+        return graphs.run(b)
 
     # ------------------------------------------------------------------ helpers
     def build_metadata(
@@ -232,6 +310,10 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput) -> StepOutput:
         items = sched.scheduled
+        uniform_q = 0
+        if self.use_padded and all(s.num_new_tokens == 1 and s.samples for s in items):
+            if len(items) <= self.config.max_num_seqs:
+                uniform_q = 1 + self.num_speculative_tokens if any(s.spec_token_ids for s in items) else 1
         input_ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
@@ -249,10 +331,15 @@ class ModelRunner:
             q_lens.append(len(toks))
             seq_lens.append(start + len(toks))
             tables.append(req.block_table)
-        meta = self.build_metadata(q_lens, seq_lens, tables, slots)
-        ids_t = torch.tensor(input_ids, dtype=torch.long, device=self.device)
-        pos_t = torch.tensor(positions, dtype=torch.long, device=self.device)
-        hidden, features = self.model(ids_t, pos_t, meta)
+        all_logits: torch.Tensor | None = None
+        if uniform_q:
+            all_logits, features = self._forward_uniform(items, uniform_q)
+            q_lens = [uniform_q] * len(items)
+        else:
+            meta = self.build_metadata(q_lens, seq_lens, tables, slots)
+            ids_t = torch.tensor(input_ids, dtype=torch.long, device=self.device)
+            pos_t = torch.tensor(positions, dtype=torch.long, device=self.device)
+            hidden, features = self.model(ids_t, pos_t, meta)
 
         # rows to verify / sample: for each sampling request its last 1 + num_spec rows
         sampling = [i for i, s in enumerate(items) if s.samples]
@@ -267,7 +354,11 @@ class ModelRunner:
                 s = items[i]
                 first = offsets[i] + s.num_new_tokens - 1
                 rows.extend(range(first, first + 1 + len(s.spec_token_ids)))
-            logits = self.model.compute_logits(hidden[torch.tensor(rows, device=self.device)]).float()
+            rows_t = torch.tensor(rows, device=self.device)
+            if all_logits is not None:
+                logits = all_logits[rows_t]
+            else:
+                logits = self.model.compute_logits(hidden[rows_t]).float()
             reqs = [items[i].req for i in sampling]
             self._mask_min_tokens(logits, [items[i] for i in sampling])
             gens = [self.generator_for(r) for r in reqs]

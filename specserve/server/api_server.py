@@ -1,0 +1,1077 @@
+"""OpenAI-compatible HTTP server (FastAPI + uvicorn), a drop-in for ``vllm serve``.
+
+The engine steps in its own thread (``AsyncLLM``); this layer only tokenizes, enqueues and streams.
+``build_app`` wires the routes over any object with the ``AsyncLLM`` interface (tests use it directly);
+``serve_main`` is ``specserve serve``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import secrets
+import sys
+from collections.abc import AsyncIterator, Iterable, Sequence
+from contextlib import suppress
+from dataclasses import dataclass
+from http import HTTPStatus
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError as FastAPIValidationError
+from fastapi.middleware.cors import CORSMiddleware
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.datastructures import Headers
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from specserve.errors import RequestValidationError as EngineValidationError
+from specserve.outputs import Logprob, RequestOutput
+from specserve.sampling_params import SamplingParams
+from specserve.server.metrics import CONTENT_TYPE_LATEST, RequestTimer, ServerMetrics
+from specserve.server.protocol import (
+    ChatCompletionLogProb,
+    ChatCompletionLogProbs,
+    ChatCompletionLogProbsContent,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatCompletionResponseChoice,
+    ChatCompletionResponseStreamChoice,
+    ChatCompletionStreamResponse,
+    ChatMessage,
+    CompletionLogProbs,
+    CompletionRequest,
+    CompletionResponse,
+    CompletionResponseChoice,
+    CompletionResponseStreamChoice,
+    CompletionStreamResponse,
+    DeltaMessage,
+    DetokenizeRequest,
+    DetokenizeResponse,
+    ErrorInfo,
+    ErrorResponse,
+    ModelCard,
+    ModelList,
+    TokenizeRequest,
+    TokenizeResponse,
+    UsageInfo,
+    now,
+    random_uuid,
+)
+
+logger = logging.getLogger("specserve.server")
+
+__all__ = ["APIError", "build_app", "serve_main"]
+
+_ERROR_TYPES = {
+    400: "BadRequestError",
+    401: "AuthenticationError",
+    403: "PermissionDeniedError",
+    404: "NotFoundError",
+    405: "MethodNotAllowedError",
+    409: "ConflictError",
+    413: "RequestEntityTooLargeError",
+    422: "UnprocessableEntityError",
+    429: "RateLimitError",
+    500: "InternalServerError",
+    501: "NotImplementedError",
+    503: "ServiceUnavailableError",
+}
+DEMO_MODEL_NAME = "SmolLM2-135M-Instruct"  # served name of the bundled demo (no MODEL given)
+_SAMPLING_FIELDS = {
+    "n",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "seed",
+    "stop",
+    "stop_token_ids",
+    "max_tokens",
+    "min_tokens",
+    "logprobs",
+}
+
+
+class APIError(Exception):
+    """An error that becomes an OpenAI-style error body with ``status``."""
+
+    def __init__(
+        self, status: int, message: str, param: str | None = None, err_type: str | None = None
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.err_type = err_type or _ERROR_TYPES.get(
+            status, HTTPStatus(status).phrase.replace(" ", "") + "Error"
+        )
+
+
+def error_response(
+    status: int, message: str, param: str | None = None, err_type: str | None = None
+) -> JSONResponse:
+    err = APIError(status, message, param, err_type)
+    body = ErrorResponse(error=ErrorInfo(message=message, type=err.err_type, param=param, code=status))
+    return JSONResponse(body.model_dump(), status_code=status)
+
+
+def _error_json(err: APIError) -> str:
+    return ErrorResponse(
+        error=ErrorInfo(message=err.message, type=err.err_type, param=err.param, code=err.status)
+    ).model_dump_json()
+
+
+def _param_from_message(message: str) -> str | None:
+    first = message.split(" ", 1)[0].strip("`'\":,")
+    return first if first in _SAMPLING_FIELDS else None
+
+
+def _to_api_error(exc: BaseException) -> APIError:
+    if isinstance(exc, APIError):
+        return exc
+    if isinstance(exc, EngineValidationError):
+        return APIError(400, exc.message, exc.param)
+    if isinstance(exc, (ValueError, TypeError, OverflowError)):
+        msg = str(exc) or type(exc).__name__
+        return APIError(400, msg, _param_from_message(msg))
+    if isinstance(exc, NotImplementedError):
+        return APIError(501, str(exc) or "Not implemented.")
+    try:
+        from jinja2 import TemplateError
+
+        if isinstance(exc, TemplateError):
+            return APIError(400, f"Chat template error: {exc}")
+    except ImportError:  # pragma: no cover - jinja2 ships with transformers
+        pass
+    return APIError(500, f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
+
+
+class APIKeyMiddleware:
+    """Require ``Authorization: Bearer <key>`` on ``/v1/*`` (pure ASGI, so streaming is untouched)."""
+
+    def __init__(self, app: ASGIApp, api_keys: Sequence[str]) -> None:
+        self.app = app
+        self.tokens = [f"Bearer {k}".encode() for k in api_keys]
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope.get("method") != "OPTIONS":
+            path = scope.get("path", "")
+            root = scope.get("root_path", "")
+            if root and path.startswith(root):
+                path = path[len(root) :]
+            if path.startswith("/v1"):
+                given = Headers(scope=scope).get("authorization", "").encode()
+                if not any(secrets.compare_digest(given, t) for t in self.tokens):
+                    resp = error_response(401, "Unauthorized: missing or invalid API key.")
+                    await resp(scope, receive, send)
+                    return
+        await self.app(scope, receive, send)
+
+
+# --------------------------------------------------------------------------- generation plumbing
+
+
+@dataclass
+class _Gen:
+    """One engine request: its id, iterator, the primed first output and whether it finished."""
+
+    request_id: str
+    it: AsyncIterator[RequestOutput]
+    first: RequestOutput | None = None
+    finished: bool = False
+    final: RequestOutput | None = None
+
+
+def _sse(payload: str) -> str:
+    return f"data: {payload}\n\n"
+
+
+async def _wait_for_disconnect(request: Request) -> None:
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+class OpenAIServing:
+    """The request handlers; one instance per app."""
+
+    def __init__(
+        self,
+        engine: Any,
+        served_model_names: list[str],
+        metrics: ServerMetrics,
+        chat_template: str | None = None,
+    ) -> None:
+        self.engine = engine
+        self.served_model_names = served_model_names
+        self.metrics = metrics
+        self.chat_template = chat_template
+        self._background: set[asyncio.Task[Any]] = set()
+
+    # ------------------------------------------------------------------ helpers
+    @property
+    def tokenizer(self) -> Any:
+        return self.engine.tokenizer
+
+    def check_model(self, model: str | None) -> str:
+        if model is None or model == "":
+            return self.served_model_names[0]
+        if model not in self.served_model_names:
+            raise APIError(404, f"The model `{model}` does not exist.", "model")
+        return model
+
+    def _defaults(self) -> dict[str, Any]:
+        return dict(getattr(self.engine, "default_sampling_overrides", None) or {})
+
+    def build_params(
+        self,
+        req: CompletionRequest | ChatCompletionRequest,
+        max_tokens: int | None,
+        logprobs: int | None,
+    ) -> SamplingParams:
+        if req.best_of is not None and req.best_of != req.n:
+            raise APIError(400, "best_of is not supported; use n.", "best_of")
+        if req.frequency_penalty not in (None, 0, 0.0):
+            raise APIError(
+                400, "frequency_penalty is not supported by specserve (only 0).", "frequency_penalty"
+            )
+        if req.presence_penalty not in (None, 0, 0.0):
+            raise APIError(
+                400, "presence_penalty is not supported by specserve (only 0).", "presence_penalty"
+            )
+        if req.repetition_penalty not in (None, 1, 1.0):
+            raise APIError(
+                400, "repetition_penalty is not supported by specserve (only 1.0).", "repetition_penalty"
+            )
+        if req.logit_bias:
+            raise APIError(400, "logit_bias is not supported by specserve.", "logit_bias")
+        if req.stream_options is not None and not req.stream:
+            raise APIError(400, "Stream options can only be defined when `stream=True`.", "stream_options")
+        d = self._defaults()
+
+        def pick(name: str, fallback: Any) -> Any:
+            v = getattr(req, name)
+            return v if v is not None else d.get(name, fallback)
+
+        try:
+            return SamplingParams(
+                n=req.n,
+                temperature=pick("temperature", 1.0),
+                top_p=pick("top_p", 1.0),
+                top_k=pick("top_k", 0),
+                min_p=pick("min_p", 0.0),
+                seed=req.seed,
+                stop=req.stop,
+                stop_token_ids=req.stop_token_ids,
+                ignore_eos=req.ignore_eos,
+                max_tokens=max_tokens,
+                min_tokens=req.min_tokens,
+                logprobs=logprobs,
+                skip_special_tokens=req.skip_special_tokens,
+                include_stop_str_in_output=req.include_stop_str_in_output,
+            )
+        except (ValueError, TypeError) as e:
+            msg = str(e)
+            raise APIError(400, msg, _param_from_message(msg)) from None
+
+    def render_chat(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        chat_template: str | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> str:
+        conv: list[dict[str, Any]] = []
+        for i, m in enumerate(messages):
+            if not isinstance(m.get("role"), str):
+                raise APIError(400, f"messages[{i}]: 'role' must be a string.", "messages")
+            msg = dict(m)
+            content = msg.get("content")
+            if isinstance(content, list):
+                texts = []
+                for part in content:
+                    if isinstance(part, str):
+                        texts.append(part)
+                    elif isinstance(part, dict) and part.get("type") in ("text", "input_text"):
+                        texts.append(str(part.get("text", "")))
+                    elif isinstance(part, dict) and part.get("type") == "refusal":
+                        texts.append(str(part.get("refusal", "")))
+                    else:
+                        kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                        raise APIError(
+                            400, f"messages[{i}]: content part of type {kind!r} is not supported.", "messages"
+                        )
+                msg["content"] = "\n".join(texts)
+            elif content is not None and not isinstance(content, str):
+                raise APIError(
+                    400, f"messages[{i}]: 'content' must be a string or a list of parts.", "messages"
+                )
+            conv.append(msg)
+        if continue_final_message and add_generation_prompt:
+            raise APIError(
+                400,
+                "Cannot set both `continue_final_message` and `add_generation_prompt` to True.",
+                "continue_final_message",
+            )
+        kwargs: dict[str, Any] = dict(chat_template_kwargs or {})
+        template = chat_template or self.chat_template
+        if template is not None:
+            kwargs["chat_template"] = template
+        if tools:
+            kwargs["tools"] = tools
+        try:
+            text = self.tokenizer.apply_chat_template(
+                conv,
+                add_generation_prompt=add_generation_prompt,
+                continue_final_message=continue_final_message,
+                tokenize=False,
+                **kwargs,
+            )
+        except APIError:
+            raise
+        except Exception as e:  # jinja errors, missing template, bad roles
+            raise APIError(400, f"Chat template error: {e}", "messages") from None
+        if not isinstance(text, str):  # some tokenizers return a list for batched input
+            text = text[0]
+        return text
+
+    def encode(self, text: str, add_special_tokens: bool) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
+
+    def _decoded(self, token_id: int, lp: Logprob) -> str:
+        if lp.decoded_token is not None:
+            return lp.decoded_token
+        return self.tokenizer.decode([token_id])
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _abort_all(self, gens: Iterable[_Gen]) -> None:
+        for g in gens:
+            if g.finished:
+                continue
+            with suppress(BaseException):
+                aclose = getattr(g.it, "aclose", None)
+                if aclose is not None:
+                    await aclose()
+            with suppress(BaseException):
+                await self.engine.abort(g.request_id)
+
+    def cleanup(self, gens: list[_Gen]) -> None:
+        """Abort unfinished requests in a fresh task (safe to call while this task is being cancelled)."""
+        if any(not g.finished for g in gens):
+            self._spawn(self._abort_all(list(gens)))
+
+    async def start(self, prompts: list[list[int]], params: SamplingParams, base_id: str) -> list[_Gen]:
+        """Submit every prompt and wait for each first output, so validation errors surface as 4xx before any
+        byte of a stream is sent."""
+        gens: list[_Gen] = []
+        for i, ids in enumerate(prompts):
+            rid = base_id if len(prompts) == 1 else f"{base_id}-{i}"
+            p = params if len(prompts) == 1 else params.clone()
+            gens.append(_Gen(rid, self.engine.generate(ids, p, rid).__aiter__()))
+        try:
+            results = await asyncio.gather(*(g.it.__anext__() for g in gens), return_exceptions=True)
+        except BaseException:
+            self.cleanup(gens)
+            raise
+        errors = [r for r in results if isinstance(r, BaseException)]
+        for g, r in zip(gens, results):
+            if isinstance(r, BaseException):
+                g.finished = True  # nothing to abort: it never started or already ended
+            else:
+                g.first = r
+                g.finished = r.finished
+        if errors:
+            self.cleanup(gens)
+            err = errors[0]
+            if isinstance(err, StopAsyncIteration):
+                raise APIError(500, "The engine ended the request without producing output.")
+            raise err
+        return gens
+
+    async def _iterate(self, g: _Gen) -> AsyncIterator[RequestOutput]:
+        if g.first is not None:
+            first, g.first = g.first, None
+            g.final = first
+            yield first
+            if first.finished:
+                g.finished = True
+                return
+        async for out in g.it:
+            g.final = out
+            if out.finished:
+                g.finished = True
+            yield out
+            if out.finished:
+                return
+
+    async def _merged(
+        self, gens: list[_Gen], timer: RequestTimer
+    ) -> AsyncIterator[tuple[int, RequestOutput]]:
+        """(prompt index, output) from every request as they come, with latency bookkeeping."""
+
+        def count(out: RequestOutput) -> int:
+            return sum(len(o.token_ids) for o in out.outputs)
+
+        seen = [0] * len(gens)
+        if len(gens) == 1:
+            async for out in self._iterate(gens[0]):
+                c = count(out)
+                timer.step(c - seen[0])
+                seen[0] = c
+                yield 0, out
+            return
+        q: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
+        done = object()
+
+        async def drain(i: int, g: _Gen) -> None:
+            try:
+                async for out in self._iterate(g):
+                    await q.put((i, out))
+                await q.put((i, done))
+            except Exception as e:  # noqa: BLE001 - re-raised in the consumer
+                await q.put((i, e))
+
+        tasks = [asyncio.get_running_loop().create_task(drain(i, g)) for i, g in enumerate(gens)]
+        try:
+            remaining = len(tasks)
+            while remaining:
+                i, item = await q.get()
+                if item is done:
+                    remaining -= 1
+                    continue
+                if isinstance(item, BaseException):
+                    raise item
+                c = count(item)
+                timer.step(c - seen[i])
+                seen[i] = c
+                yield i, item
+        finally:
+            for t in tasks:
+                t.cancel()
+
+    def _finish_timer(self, gens: list[_Gen], timer: RequestTimer) -> None:
+        finals = [g.final for g in gens if g.final is not None]
+        timer.finish(
+            sum(len(f.prompt_token_ids) for f in finals),
+            sum(len(o.token_ids) for f in finals for o in f.outputs),
+        )
+
+    async def collect(
+        self, gens: list[_Gen], raw_request: Request, timer: RequestTimer
+    ) -> list[RequestOutput] | None:
+        """Run every request to the end; None if the client went away first (the requests are aborted)."""
+
+        async def consume() -> None:
+            async for _ in self._merged(gens, timer):
+                pass
+
+        task = asyncio.ensure_future(consume())
+        watcher = asyncio.ensure_future(_wait_for_disconnect(raw_request))
+        try:
+            await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+            if task.done():
+                task.result()
+                self._finish_timer(gens, timer)
+                return [g.final for g in gens]  # type: ignore[misc]
+            logger.info("client disconnected; aborting %s", ", ".join(g.request_id for g in gens))
+            return None
+        finally:
+            watcher.cancel()
+            if not task.done():
+                task.cancel()
+            self.cleanup(gens)
+
+    # ------------------------------------------------------------------ logprobs
+    def completion_logprobs(
+        self, token_ids: list[int], logprobs: list[dict[int, Logprob]], text_offset: int
+    ) -> CompletionLogProbs:
+        out = CompletionLogProbs()
+        offset = text_offset
+        for tid, step in zip(token_ids, logprobs):
+            chosen = step.get(tid)
+            token = self._decoded(tid, chosen) if chosen is not None else self.tokenizer.decode([tid])
+            out.tokens.append(token)
+            out.token_logprobs.append(max(chosen.logprob, -9999.0) if chosen is not None else None)
+            out.top_logprobs.append(
+                {self._decoded(t, lp): max(lp.logprob, -9999.0) for t, lp in step.items()}
+            )
+            out.text_offset.append(offset)
+            offset += len(token)
+        return out
+
+    def chat_logprobs(
+        self, token_ids: list[int], logprobs: list[dict[int, Logprob]], top_logprobs: int
+    ) -> ChatCompletionLogProbs:
+        content = []
+        for tid, step in zip(token_ids, logprobs):
+            chosen = step.get(tid)
+            token = self._decoded(tid, chosen) if chosen is not None else self.tokenizer.decode([tid])
+            ranked = sorted(step.items(), key=lambda kv: kv[1].rank if kv[1].rank is not None else 1 << 30)
+            top = [
+                ChatCompletionLogProb(
+                    token=(s := self._decoded(t, lp)),
+                    logprob=max(lp.logprob, -9999.0),
+                    bytes=list(s.encode("utf-8", errors="replace")),
+                )
+                for t, lp in ranked[:top_logprobs]
+            ]
+            content.append(
+                ChatCompletionLogProbsContent(
+                    token=token,
+                    logprob=max(chosen.logprob, -9999.0) if chosen is not None else -9999.0,
+                    bytes=list(token.encode("utf-8", errors="replace")),
+                    top_logprobs=top,
+                )
+            )
+        return ChatCompletionLogProbs(content=content)
+
+    # ------------------------------------------------------------------ /v1/completions
+    def completion_prompts(self, req: CompletionRequest) -> tuple[list[list[int]], list[str | None]]:
+        prompt = req.prompt
+        if req.suffix:
+            raise APIError(400, "suffix is not currently supported.", "suffix")
+        items: list[str | list[int]]
+        if isinstance(prompt, str):
+            items = [prompt]
+        elif len(prompt) == 0:
+            raise APIError(400, "The prompt cannot be empty.", "prompt")
+        elif all(isinstance(p, int) for p in prompt):
+            items = [list(prompt)]  # type: ignore[arg-type]
+        else:
+            items = list(prompt)  # type: ignore[arg-type]
+        ids_list: list[list[int]] = []
+        texts: list[str | None] = []
+        for item in items:
+            if isinstance(item, str):
+                if item == "":
+                    raise APIError(400, "The prompt cannot be empty.", "prompt")
+                ids_list.append(self.encode(item, req.add_special_tokens))
+                texts.append(item)
+            else:
+                if len(item) == 0:
+                    raise APIError(400, "The prompt cannot be empty.", "prompt")
+                ids_list.append(list(item))
+                texts.append(None)
+        return ids_list, texts
+
+    async def create_completion(self, req: CompletionRequest, raw_request: Request) -> Response:
+        timer = self.metrics.timer()
+        model = self.check_model(req.model)
+        prompts, texts = self.completion_prompts(req)
+        params = self.build_params(req, req.max_tokens, req.logprobs)
+        request_id = f"cmpl-{random_uuid()}"
+        created = now()
+        gens = await self.start(prompts, params, request_id)
+        if req.echo:
+            texts = [t if t is not None else self.tokenizer.decode(p) for t, p in zip(texts, prompts)]
+        echo = [t or "" for t in texts] if req.echo else [""] * len(prompts)
+        if req.stream:
+            return StreamingResponse(
+                self.completion_stream(req, params, gens, request_id, created, model, echo, timer),
+                media_type="text/event-stream",
+            )
+        finals = await self.collect(gens, raw_request, timer)
+        if finals is None:
+            return Response(status_code=499)
+        choices = []
+        prompt_tokens = completion_tokens = 0
+        for pi, final in enumerate(finals):
+            prompt_tokens += len(final.prompt_token_ids)
+            for o in final.outputs:
+                completion_tokens += len(o.token_ids)
+                lp = None
+                if params.logprobs is not None and o.logprobs is not None:
+                    lp = self.completion_logprobs(o.token_ids, o.logprobs, len(echo[pi]))
+                choices.append(
+                    CompletionResponseChoice(
+                        index=pi * params.n + o.index,
+                        text=echo[pi] + o.text,
+                        logprobs=lp,
+                        finish_reason=o.finish_reason,
+                        stop_reason=o.stop_reason,
+                    )
+                )
+        usage = UsageInfo(
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            total_tokens=prompt_tokens + completion_tokens,
+        )
+        resp = CompletionResponse(id=request_id, created=created, model=model, choices=choices, usage=usage)
+        return JSONResponse(resp.model_dump())
+
+    async def completion_stream(
+        self,
+        req: CompletionRequest,
+        params: SamplingParams,
+        gens: list[_Gen],
+        request_id: str,
+        created: int,
+        model: str,
+        echo: list[str],
+        timer: RequestTimer,
+    ) -> AsyncIterator[str]:
+        n = params.n
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        continuous = bool(req.stream_options and req.stream_options.continuous_usage_stats)
+        prev_text = [[0] * n for _ in gens]
+        prev_toks = [[0] * n for _ in gens]
+        sent_echo = [[False] * n for _ in gens]
+        done = [[False] * n for _ in gens]
+        prompt_lens = [0] * len(gens)
+        try:
+            async for pi, out in self._merged(gens, timer):
+                prompt_lens[pi] = len(out.prompt_token_ids)
+                for o in out.outputs:
+                    i = o.index
+                    if done[pi][i]:
+                        continue
+                    delta = o.text[prev_text[pi][i] :]
+                    new_ids = o.token_ids[prev_toks[pi][i] :]
+                    if not delta and not new_ids and o.finish_reason is None:
+                        continue
+                    lp = None
+                    if params.logprobs is not None and o.logprobs is not None:
+                        lp = self.completion_logprobs(
+                            new_ids, o.logprobs[prev_toks[pi][i] :], len(echo[pi]) + prev_text[pi][i]
+                        )
+                    if not sent_echo[pi][i]:
+                        delta = echo[pi] + delta
+                        sent_echo[pi][i] = True
+                    prev_text[pi][i] = len(o.text)
+                    prev_toks[pi][i] = len(o.token_ids)
+                    finished = o.finish_reason is not None
+                    done[pi][i] = finished
+                    chunk = CompletionStreamResponse(
+                        id=request_id,
+                        created=created,
+                        model=model,
+                        choices=[
+                            CompletionResponseStreamChoice(
+                                index=pi * n + i,
+                                text=delta,
+                                logprobs=lp,
+                                finish_reason=o.finish_reason,
+                                stop_reason=o.stop_reason if finished else None,
+                            )
+                        ],
+                    )
+                    if continuous:
+                        chunk.usage = self._usage(prompt_lens, prev_toks)
+                    yield _sse(chunk.model_dump_json(exclude_unset=True))
+            self._finish_timer(gens, timer)
+            if include_usage:
+                chunk = CompletionStreamResponse(
+                    id=request_id,
+                    created=created,
+                    model=model,
+                    choices=[],
+                    usage=self._usage(prompt_lens, prev_toks),
+                )
+                yield _sse(chunk.model_dump_json(exclude_unset=True, exclude_none=False))
+            yield _sse("[DONE]")
+        except Exception as e:  # noqa: BLE001 - reported in-band, as vLLM does
+            if not isinstance(e, (ValueError, APIError)):
+                logger.exception("error while streaming %s", request_id)
+            yield _sse(_error_json(_to_api_error(e)))
+            yield _sse("[DONE]")
+        finally:
+            self.cleanup(gens)
+
+    @staticmethod
+    def _usage(prompt_lens: list[int], toks: list[list[int]]) -> UsageInfo:
+        p = sum(prompt_lens)
+        c = sum(sum(t) for t in toks)
+        return UsageInfo(prompt_tokens=p, completion_tokens=c, total_tokens=p + c)
+
+    # ------------------------------------------------------------------ /v1/chat/completions
+    async def create_chat_completion(self, req: ChatCompletionRequest, raw_request: Request) -> Response:
+        timer = self.metrics.timer()
+        model = self.check_model(req.model)
+        if req.top_logprobs is not None and not req.logprobs:
+            raise APIError(400, "when using `top_logprobs`, `logprobs` must be set to true.", "top_logprobs")
+        if req.top_logprobs is not None and not 0 <= req.top_logprobs <= 20:
+            raise APIError(
+                400, f"top_logprobs must be an integer in [0, 20], got {req.top_logprobs}.", "top_logprobs"
+            )
+        if req.response_format and req.response_format.get("type", "text") != "text":
+            raise APIError(
+                400, "response_format (structured output) is not supported by specserve.", "response_format"
+            )
+        if req.tool_choice not in (None, "none", "auto"):
+            raise APIError(
+                400, "Only tool_choice 'none' or 'auto' (no tool-call parsing) is supported.", "tool_choice"
+            )
+        text = self.render_chat(
+            req.messages,
+            add_generation_prompt=req.add_generation_prompt,
+            continue_final_message=req.continue_final_message,
+            chat_template=req.chat_template,
+            chat_template_kwargs=req.chat_template_kwargs,
+            tools=req.tools,
+        )
+        prompt_ids = self.encode(text, req.add_special_tokens)
+        max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+        if max_tokens is None:
+            max_tokens = self._defaults().get("max_tokens")
+        top_n = (req.top_logprobs or 0) if req.logprobs else None
+        params = self.build_params(req, max_tokens, top_n)
+        request_id = f"chatcmpl-{random_uuid()}"
+        created = now()
+        gens = await self.start([prompt_ids], params, request_id)
+        if req.stream:
+            return StreamingResponse(
+                self.chat_stream(req, params, gens, request_id, created, model, timer),
+                media_type="text/event-stream",
+            )
+        finals = await self.collect(gens, raw_request, timer)
+        if finals is None:
+            return Response(status_code=499)
+        final = finals[0]
+        choices = []
+        completion_tokens = 0
+        for o in final.outputs:
+            completion_tokens += len(o.token_ids)
+            lp = None
+            if top_n is not None and o.logprobs is not None:
+                lp = self.chat_logprobs(o.token_ids, o.logprobs, top_n)
+            choices.append(
+                ChatCompletionResponseChoice(
+                    index=o.index,
+                    message=ChatMessage(role="assistant", content=o.text),
+                    logprobs=lp,
+                    finish_reason=o.finish_reason,
+                    stop_reason=o.stop_reason,
+                )
+            )
+        p = len(final.prompt_token_ids)
+        usage = UsageInfo(
+            prompt_tokens=p, completion_tokens=completion_tokens, total_tokens=p + completion_tokens
+        )
+        resp = ChatCompletionResponse(
+            id=request_id, created=created, model=model, choices=choices, usage=usage
+        )
+        return JSONResponse(resp.model_dump())
+
+    async def chat_stream(
+        self,
+        req: ChatCompletionRequest,
+        params: SamplingParams,
+        gens: list[_Gen],
+        request_id: str,
+        created: int,
+        model: str,
+        timer: RequestTimer,
+    ) -> AsyncIterator[str]:
+        n = params.n
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        continuous = bool(req.stream_options and req.stream_options.continuous_usage_stats)
+        top_n = params.logprobs
+        prev_text = [0] * n
+        prev_toks = [0] * n
+        done = [False] * n
+        prompt_len = 0
+        first = True
+        try:
+            async for _, out in self._merged(gens, timer):
+                prompt_len = len(out.prompt_token_ids)
+                if first:
+                    first = False
+                    for i in range(n):
+                        chunk = ChatCompletionStreamResponse(
+                            id=request_id,
+                            created=created,
+                            model=model,
+                            choices=[
+                                ChatCompletionResponseStreamChoice(
+                                    index=i,
+                                    delta=DeltaMessage(role="assistant", content=""),
+                                    logprobs=None,
+                                    finish_reason=None,
+                                )
+                            ],
+                        )
+                        if continuous:
+                            chunk.usage = UsageInfo(
+                                prompt_tokens=prompt_len, completion_tokens=0, total_tokens=prompt_len
+                            )
+                        yield _sse(chunk.model_dump_json(exclude_unset=True))
+                for o in out.outputs:
+                    i = o.index
+                    if done[i]:
+                        continue
+                    delta = o.text[prev_text[i] :]
+                    new_ids = o.token_ids[prev_toks[i] :]
+                    if not delta and not new_ids and o.finish_reason is None:
+                        continue
+                    lp = None
+                    if top_n is not None and o.logprobs is not None:
+                        lp = self.chat_logprobs(new_ids, o.logprobs[prev_toks[i] :], top_n)
+                    prev_text[i] = len(o.text)
+                    prev_toks[i] = len(o.token_ids)
+                    finished = o.finish_reason is not None
+                    done[i] = finished
+                    choice = ChatCompletionResponseStreamChoice(
+                        index=i, delta=DeltaMessage(content=delta), logprobs=lp, finish_reason=o.finish_reason
+                    )
+                    if finished:
+                        choice.stop_reason = o.stop_reason
+                    chunk = ChatCompletionStreamResponse(
+                        id=request_id, created=created, model=model, choices=[choice]
+                    )
+                    if continuous:
+                        c = sum(prev_toks)
+                        chunk.usage = UsageInfo(
+                            prompt_tokens=prompt_len, completion_tokens=c, total_tokens=prompt_len + c
+                        )
+                    yield _sse(chunk.model_dump_json(exclude_unset=True))
+            self._finish_timer(gens, timer)
+            if include_usage:
+                c = sum(prev_toks)
+                chunk = ChatCompletionStreamResponse(
+                    id=request_id,
+                    created=created,
+                    model=model,
+                    choices=[],
+                    usage=UsageInfo(
+                        prompt_tokens=prompt_len, completion_tokens=c, total_tokens=prompt_len + c
+                    ),
+                )
+                yield _sse(chunk.model_dump_json(exclude_unset=True))
+            yield _sse("[DONE]")
+        except Exception as e:  # noqa: BLE001 - reported in-band, as vLLM does
+            if not isinstance(e, (ValueError, APIError)):
+                logger.exception("error while streaming %s", request_id)
+            yield _sse(_error_json(_to_api_error(e)))
+            yield _sse("[DONE]")
+        finally:
+            self.cleanup(gens)
+
+    # ------------------------------------------------------------------ tokenize
+    def tokenize(self, req: TokenizeRequest) -> TokenizeResponse:
+        if req.model is not None:
+            self.check_model(req.model)
+        if req.messages is not None:
+            text = self.render_chat(
+                req.messages,
+                add_generation_prompt=req.add_generation_prompt,
+                continue_final_message=req.continue_final_message,
+                chat_template=req.chat_template,
+                chat_template_kwargs=req.chat_template_kwargs,
+            )
+            add_special = bool(req.add_special_tokens) if req.add_special_tokens is not None else False
+        elif req.prompt is not None:
+            text = req.prompt
+            add_special = req.add_special_tokens if req.add_special_tokens is not None else True
+        else:
+            raise APIError(400, "Either `prompt` or `messages` must be given.", "prompt")
+        tokens = self.encode(text, add_special)
+        strs = self.tokenizer.convert_ids_to_tokens(tokens) if req.return_token_strs else None
+        return TokenizeResponse(
+            count=len(tokens), max_model_len=int(self.engine.max_model_len), tokens=tokens, token_strs=strs
+        )
+
+    def detokenize(self, req: DetokenizeRequest) -> DetokenizeResponse:
+        if req.model is not None:
+            self.check_model(req.model)
+        vocab = len(self.tokenizer)
+        bad = [t for t in req.tokens if t < 0 or t >= vocab]
+        if bad:
+            raise APIError(400, f"Token id {bad[0]} is out of vocabulary (0..{vocab - 1}).", "tokens")
+        return DetokenizeResponse(prompt=self.tokenizer.decode(req.tokens))
+
+
+# --------------------------------------------------------------------------- the app
+
+
+def build_app(
+    engine: Any,
+    served_model_name: str | Sequence[str] | None = None,
+    api_key: str | Sequence[str] | None = None,
+    chat_template: str | None = None,
+) -> FastAPI:
+    """The FastAPI app over ``engine`` (an ``AsyncLLM`` or anything with its interface)."""
+    from specserve import __version__
+
+    if served_model_name is None:
+        names = [str(engine.model_path)]
+    elif isinstance(served_model_name, str):
+        names = [served_model_name]
+    else:
+        names = [str(n) for n in served_model_name] or [str(engine.model_path)]
+    metrics = ServerMetrics(engine, names[0])
+    serving = OpenAIServing(engine, names, metrics, chat_template)
+
+    app = FastAPI(title="specserve", version=__version__)
+    app.state.engine = engine
+    app.state.serving = serving
+    app.state.metrics = metrics
+    keys = [api_key] if isinstance(api_key, str) else list(api_key or [])
+    if keys:
+        app.add_middleware(APIKeyMiddleware, api_keys=keys)
+    # outermost, as in vLLM: browsers' preflight requests never reach the key check
+    app.add_middleware(CORSMiddleware, allow_origins=["*"], allow_methods=["*"], allow_headers=["*"])
+
+    @app.exception_handler(APIError)
+    async def _api_error(_: Request, exc: APIError) -> JSONResponse:
+        return error_response(exc.status, exc.message, exc.param, exc.err_type)
+
+    @app.exception_handler(FastAPIValidationError)
+    async def _validation_error(_: Request, exc: FastAPIValidationError) -> JSONResponse:
+        errors = exc.errors()
+        parts = []
+        param = None
+        for err in errors:
+            loc = [str(x) for x in err.get("loc", ()) if x != "body"]
+            if param is None and loc:
+                param = loc[0]
+            where = ".".join(loc)
+            parts.append(f"{where}: {err.get('msg')}" if where else str(err.get("msg")))
+        if any(err.get("type") == "json_invalid" for err in errors):
+            message = "Invalid JSON body: " + "; ".join(
+                str(e.get("ctx", {}).get("error", e.get("msg"))) for e in errors
+            )
+            param = None
+        else:
+            message = f"{len(errors)} validation error{'s' if len(errors) != 1 else ''}: " + "; ".join(parts)
+        return error_response(400, message, param)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return error_response(exc.status_code, str(exc.detail))
+
+    @app.exception_handler(ValueError)
+    async def _value_error(_: Request, exc: ValueError) -> JSONResponse:
+        err = _to_api_error(exc)
+        return error_response(err.status, err.message, err.param, err.err_type)
+
+    @app.exception_handler(Exception)
+    async def _internal_error(_: Request, exc: Exception) -> JSONResponse:
+        err = _to_api_error(exc)
+        if err.status >= 500:
+            logger.error("internal error: %r", exc, exc_info=exc)
+        return error_response(err.status, err.message, err.param, err.err_type)
+
+    @app.get("/health")
+    async def health() -> Response:
+        return Response(status_code=200 if engine.is_running() else 503)
+
+    @app.get("/ping")
+    @app.post("/ping")
+    async def ping() -> Response:
+        return Response(status_code=200 if engine.is_running() else 503)
+
+    @app.get("/version")
+    async def version() -> dict[str, str]:
+        return {"version": __version__}
+
+    @app.get("/metrics")
+    async def prometheus_metrics() -> Response:
+        return Response(content=metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/models")
+    async def list_models() -> ModelList:
+        return ModelList(
+            data=[
+                ModelCard(id=n, root=str(engine.model_path), max_model_len=int(engine.max_model_len))
+                for n in names
+            ]
+        )
+
+    @app.post("/v1/completions")
+    async def completions(request: CompletionRequest, raw_request: Request) -> Response:
+        return await serving.create_completion(request, raw_request)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: ChatCompletionRequest, raw_request: Request) -> Response:
+        return await serving.create_chat_completion(request, raw_request)
+
+    @app.post("/tokenize")
+    async def tokenize(request: TokenizeRequest) -> TokenizeResponse:
+        return serving.tokenize(request)
+
+    @app.post("/detokenize")
+    async def detokenize(request: DetokenizeRequest) -> DetokenizeResponse:
+        return serving.detokenize(request)
+
+    return app
+
+
+# --------------------------------------------------------------------------- `specserve serve`
+
+
+def _load_chat_template(value: str | None) -> str | None:
+    if value is None:
+        return None
+    if os.path.isfile(value):
+        with open(value, encoding="utf-8") as f:
+            return f.read()
+    if any(c in value for c in "{%"):
+        return value  # inline Jinja
+    raise ValueError(f"--chat-template {value!r} is neither a file nor a Jinja template")
+
+
+def serve_main(argv: list[str]) -> int:
+    """``specserve serve [MODEL] [flags]``: load the engine and serve until interrupted. Returns the exit code."""
+    from specserve.server.cli_args import engine_config_from_args, parse_serve_args, print_error
+
+    try:
+        args = parse_serve_args(argv)
+    except SystemExit as e:  # argparse: --help (0) or a bad flag (2, message already printed)
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format="%(levelname)s %(asctime)s %(name)s: %(message)s")
+    try:
+        config = engine_config_from_args(args)
+        chat_template = _load_chat_template(args.chat_template)
+    except (ValueError, TypeError) as e:
+        print_error(str(e))
+        return 2
+
+    import uvicorn
+
+    from specserve.engine.async_engine import AsyncLLM
+
+    try:
+        engine = AsyncLLM(config)
+    except ValueError as e:
+        print_error(str(e).splitlines()[0] if str(e) else type(e).__name__)
+        return 2
+    except (OSError, RuntimeError) as e:
+        print_error(str(e).splitlines()[0] if str(e) else type(e).__name__)
+        return 1
+    try:
+        names = args.served_model_name or [args.model_tag if args.model_tag is not None else DEMO_MODEL_NAME]
+        app = build_app(engine, names, api_key=args.api_key, chat_template=chat_template)
+        host = args.host if args.host is not None else "0.0.0.0"
+        logger.info("Starting specserve API server on http://%s:%d (model %s)", host, args.port, names[0])
+        server = uvicorn.Server(
+            uvicorn.Config(
+                app,
+                host=host,
+                port=args.port,
+                log_level=args.uvicorn_log_level,
+                access_log=not args.disable_uvicorn_access_log,
+                timeout_keep_alive=5,
+            )
+        )
+        try:
+            server.run()
+        except SystemExit as e:  # uvicorn exits 1 when it cannot bind
+            return e.code if isinstance(e.code, int) else 1
+        return 0 if server.started else 1
+    finally:
+        engine.shutdown()
+
+
+if __name__ == "__main__":
+    sys.exit(serve_main(sys.argv[1:]))

@@ -1,0 +1,317 @@
+"""``specserve serve`` arguments: vLLM's flag names, checked at start.
+
+Every bad flag or value ends the process with exit code 2 and a single line on stderr
+(``specserve serve: error: ...``) instead of argparse's usage dump.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import re
+import sys
+from dataclasses import fields
+from typing import Any, NoReturn
+
+from specserve.config import EngineConfig, SpeculativeConfig
+
+logger = logging.getLogger(__name__)
+
+PROG = "specserve serve"
+_SPEC_PREFIX = "--speculative-config."
+_HUMAN_INT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmMgG]?)\s*$")
+_DECIMAL = {"k": 10**3, "m": 10**6, "g": 10**9}
+_BINARY = {"K": 2**10, "M": 2**20, "G": 2**30}
+
+
+class OneLineArgumentParser(argparse.ArgumentParser):
+    """argparse that reports errors in one line (no usage dump) and still exits with code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def parse_human_int(value: str) -> int | None:
+    """vLLM's human-readable lengths: ``1k`` = 1000, ``1K`` = 1024, ``25.6k`` = 25600; ``-1``/``auto`` = None."""
+    v = str(value).strip()
+    if v.lower() in ("-1", "auto"):
+        return None
+    m = _HUMAN_INT.match(v)
+    if not m:
+        raise argparse.ArgumentTypeError(
+            f"invalid length {value!r} (expected e.g. 4096, 4k, 4K, 25.6k, or auto)"
+        )
+    number, suffix = m.group(1), m.group(2)
+    if not suffix:
+        if "." in number:
+            raise argparse.ArgumentTypeError(f"invalid length {value!r}: a decimal needs a k/m/g suffix")
+        return int(number)
+    if suffix in _BINARY:
+        if "." in number:
+            raise argparse.ArgumentTypeError(
+                f"invalid length {value!r}: decimals are only allowed with decimal suffixes (k, m, g)"
+            )
+        return int(number) * _BINARY[suffix]
+    result = float(number) * _DECIMAL[suffix]
+    if result != int(result):
+        raise argparse.ArgumentTypeError(f"invalid length {value!r}: not a whole number of tokens")
+    return int(result)
+
+
+def parse_speculative_config(value: str) -> dict[str, Any]:
+    """``--speculative-config`` JSON -> dict, validated against ``SpeculativeConfig``."""
+    try:
+        data = json.loads(value)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"invalid JSON {value!r}: {e.msg} (at char {e.pos})") from None
+    if not isinstance(data, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {value!r}")
+    return data
+
+
+def _positive_int(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid int value: {value!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
+    return n
+
+
+def _fraction(value: str) -> float:
+    try:
+        f = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid float value: {value!r}") from None
+    if not 0.0 < f <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {f}")
+    return f
+
+
+def make_arg_parser() -> OneLineArgumentParser:
+    p = OneLineArgumentParser(
+        prog=PROG,
+        description="OpenAI-compatible server (vLLM-compatible flags) with lossless speculative decoding.",
+        allow_abbrev=False,
+    )
+    p.add_argument(
+        "model_tag",
+        nargs="?",
+        default=None,
+        metavar="MODEL",
+        help="HF directory, GGUF file or hub id; omitted: the bundled demo (SmolLM2-135M-Instruct).",
+    )
+    p.add_argument("--model", dest="model_flag", default=None, help=argparse.SUPPRESS)
+    g = p.add_argument_group("frontend")
+    g.add_argument("--host", default=None, help="Bind address (default: all interfaces).")
+    g.add_argument("--port", type=int, default=8000, help="Port (default: 8000).")
+    g.add_argument(
+        "--served-model-name",
+        nargs="+",
+        default=None,
+        help="Name(s) exposed by /v1/models and accepted in the 'model' field (default: the model path).",
+    )
+    g.add_argument(
+        "--api-key",
+        default=None,
+        help="Require 'Authorization: Bearer <key>' on /v1/* (also env VLLM_API_KEY / SPECSERVE_API_KEY).",
+    )
+    g.add_argument(
+        "--chat-template",
+        default=None,
+        help="Chat template file or inline Jinja (overrides the tokenizer's).",
+    )
+    g.add_argument(
+        "--uvicorn-log-level",
+        default="info",
+        choices=["critical", "error", "warning", "info", "debug", "trace"],
+    )
+    g.add_argument("--disable-uvicorn-access-log", action="store_true")
+    g.add_argument(
+        "--disable-log-requests", action="store_true", help=argparse.SUPPRESS
+    )  # vLLM compat, no-op
+    g.add_argument("--enable-log-requests", action="store_true", help=argparse.SUPPRESS)  # vLLM compat, no-op
+
+    e = p.add_argument_group("engine")
+    e.add_argument("--tokenizer", default=None, help="Tokenizer path/id (default: the model's).")
+    e.add_argument(
+        "--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16", "half", "float"]
+    )
+    e.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N.")
+    e.add_argument("--seed", type=int, default=0)
+    e.add_argument(
+        "--max-model-len",
+        type=parse_human_int,
+        default=None,
+        help="Context length (prompt + output); accepts 1k (=1000), 1K (=1024), 25.6k, auto.",
+    )
+    e.add_argument(
+        "--max-num-seqs", type=_positive_int, default=None, help="Max concurrently running sequences."
+    )
+    e.add_argument(
+        "--max-model-seqs", dest="max_model_seqs", type=_positive_int, default=None, help=argparse.SUPPRESS
+    )  # common typo of --max-num-seqs: accepted with a warning
+    e.add_argument(
+        "--max-num-batched-tokens", type=parse_human_int, default=None, help="Token budget per step."
+    )
+    e.add_argument(
+        "--gpu-memory-utilization",
+        type=_fraction,
+        default=None,
+        help="Fraction of device memory for weights + activations + KV cache.",
+    )
+    e.add_argument(
+        "--enable-prefix-caching",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="Automatic prefix caching (default: on).",
+    )
+    e.add_argument("--block-size", type=int, default=None, choices=[8, 16, 32, 64, 128])
+    e.add_argument(
+        "--num-gpu-blocks",
+        "--num-gpu-blocks-override",
+        dest="num_gpu_blocks",
+        type=_positive_int,
+        default=None,
+        help=argparse.SUPPRESS,
+    )
+    e.add_argument("--trust-remote-code", action="store_true")
+    e.add_argument("--enforce-eager", action="store_true", help="Disable CUDA graphs.")
+    e.add_argument(
+        "--generation-config",
+        default="auto",
+        help="'auto' (use the model's generation_config.json as request defaults), 'vllm', or a folder.",
+    )
+    e.add_argument("--disable-log-stats", action="store_true", help="Turn off the periodic stats log.")
+    e.add_argument("--tensor-parallel-size", "-tp", type=int, default=1, help=argparse.SUPPRESS)
+
+    s = p.add_argument_group("speculative decoding")
+    s.add_argument(
+        "--speculative-config",
+        "-sc",
+        type=parse_speculative_config,
+        default=None,
+        help='JSON, e.g. \'{"method": "dflash", "model": "z-lab/Qwen3-8B-DFlash-b16", '
+        '"num_speculative_tokens": 4}\'. Also --speculative-config.KEY VALUE.',
+    )
+    s.add_argument(
+        "--no-speculation",
+        action="store_true",
+        help="Turn speculative decoding off (also the demo model's default drafter).",
+    )
+    return p
+
+
+def _coerce_json_scalar(value: str) -> Any:
+    try:
+        return json.loads(value)
+    except json.JSONDecodeError:
+        return value
+
+
+def preprocess_argv(argv: list[str]) -> tuple[list[str], dict[str, Any]]:
+    """Normalize ``--foo_bar`` to ``--foo-bar`` and pull out ``--speculative-config.KEY VALUE`` pairs."""
+    out: list[str] = []
+    dotted: dict[str, Any] = {}
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--":
+            out.extend(argv[i:])
+            break
+        if arg.startswith("--"):
+            name, eq, val = arg.partition("=")
+            head, dot, rest = name.partition(".")
+            name = head.replace("_", "-") + dot + rest
+            if name.startswith(_SPEC_PREFIX):
+                key = name[len(_SPEC_PREFIX) :]
+                if eq:
+                    dotted[key] = _coerce_json_scalar(val)
+                elif i + 1 < len(argv):
+                    dotted[key] = _coerce_json_scalar(argv[i + 1])
+                    i += 1
+                else:
+                    dotted[key] = True
+                i += 1
+                continue
+            arg = name + eq + val
+        out.append(arg)
+        i += 1
+    return out, dotted
+
+
+def parse_serve_args(argv: list[str]) -> argparse.Namespace:
+    """Parse ``specserve serve`` arguments (exits 2 with one line on errors)."""
+    parser = make_arg_parser()
+    argv, dotted = preprocess_argv(list(argv))
+    args = parser.parse_args(argv)
+    if dotted:
+        args.speculative_config = {**(args.speculative_config or {}), **dotted}
+    if args.max_model_seqs is not None:
+        logger.warning(
+            "--max-model-seqs is not a vLLM flag; treating it as --max-num-seqs=%d.", args.max_model_seqs
+        )
+        if args.max_num_seqs is None:
+            args.max_num_seqs = args.max_model_seqs
+    if args.model_flag is not None:
+        if args.model_tag is not None and args.model_tag != args.model_flag:
+            parser.error(f"two models given: {args.model_tag!r} (positional) and --model {args.model_flag!r}")
+        args.model_tag = args.model_flag
+    if args.tensor_parallel_size != 1:
+        parser.error(
+            f"--tensor-parallel-size {args.tensor_parallel_size}: specserve runs on one device (use 1)"
+        )
+    if args.speculative_config is not None:
+        try:
+            SpeculativeConfig.from_any(args.speculative_config)
+        except ValueError as e:
+            parser.error(f"argument --speculative-config/-sc: {e}")
+    if not 0 < args.port < 65536:
+        parser.error(f"argument --port: must be in 1..65535, got {args.port}")
+    if args.api_key is None:
+        args.api_key = os.environ.get("VLLM_API_KEY") or os.environ.get("SPECSERVE_API_KEY") or None
+    return args
+
+
+def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
+    """Build the ``EngineConfig``; raises ValueError (with the field named) on impossible values."""
+    kwargs: dict[str, Any] = {
+        "model": args.model_tag,
+        "tokenizer": args.tokenizer,
+        "dtype": args.dtype,
+        "device": args.device,
+        "max_model_len": args.max_model_len,
+        "seed": args.seed,
+        "speculative_config": None if args.no_speculation else args.speculative_config,
+        "enforce_eager": args.enforce_eager,
+        "trust_remote_code": args.trust_remote_code,
+        "generation_config": args.generation_config,
+        "disable_log_stats": args.disable_log_stats,
+    }
+    optional = {
+        "max_num_seqs": args.max_num_seqs,
+        "max_num_batched_tokens": args.max_num_batched_tokens,
+        "gpu_memory_utilization": args.gpu_memory_utilization,
+        "enable_prefix_caching": args.enable_prefix_caching,
+        "block_size": args.block_size,
+        "num_gpu_blocks": args.num_gpu_blocks,
+    }
+    kwargs.update({k: v for k, v in optional.items() if v is not None})
+    if kwargs["speculative_config"] is None and args.model_tag is None and not args.no_speculation:
+        kwargs["speculative_config"] = _demo_speculative_config()
+    known = {f.name for f in fields(EngineConfig)}
+    return EngineConfig(**{k: v for k, v in kwargs.items() if k in known})
+
+
+def _demo_speculative_config() -> Any:
+    """The bundled demo's default drafter (None while no drafter is bundled)."""
+    from specserve.assets import default_speculative_config
+
+    return default_speculative_config()
+
+
+def print_error(message: str) -> None:
+    print(f"{PROG}: error: {message}", file=sys.stderr)
