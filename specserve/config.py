@@ -236,6 +236,7 @@ class EngineConfig:
     disable_log_stats: bool = True
     log_stats_interval: float = 10.0
     attention_backend: str = "auto"  # auto | torch | triton
+    load_format: str = "auto"  # auto | dummy (random weights from config.json, as vLLM's --load-format dummy)
     # decode/verify steps padded to static shapes (what CUDA graphs replay); None = on with CUDA graphs
     padded_decode: bool | None = None
 
@@ -266,4 +267,6 @@ class EngineConfig:
             raise ValueError(f"block_size must be one of 8, 16, 32, 64, 128; got {self.block_size}.")
         if self.num_gpu_blocks is not None and self.num_gpu_blocks < 1:
             raise ValueError(f"num_gpu_blocks must be at least 1, got {self.num_gpu_blocks}.")
+        if self.load_format not in ("auto", "dummy"):
+            raise ValueError(f"load_format must be auto or dummy; got {self.load_format!r}.")
         self.speculative_config = SpeculativeConfig.from_any(self.speculative_config)

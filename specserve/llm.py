@@ -35,6 +35,7 @@ class LLM:
         disable_log_stats: bool = True,
         attention_backend: str = "auto",
         padded_decode: bool | None = None,
+        load_format: str = "auto",
         **kwargs: Any,
     ) -> None:
         if kwargs:
@@ -59,6 +60,7 @@ class LLM:
             disable_log_stats=disable_log_stats,
             attention_backend=attention_backend,
             padded_decode=padded_decode,
+            load_format=load_format,
         )
         self.engine = LLMEngine(self.config)
 

@@ -75,12 +75,18 @@ class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
         import torch
 
-        from specserve.loading import load_tokenizer, resolve_checkpoint
+        from specserve.loading import config_only_checkpoint, load_tokenizer, resolve_checkpoint
         from specserve.runner.model_runner import ModelRunner, resolve_device, resolve_dtype
 
         self.config = config
         t0 = time.perf_counter()
-        ckpt = resolve_checkpoint(config.model, trust_remote_code=config.trust_remote_code)
+        dummy = config.load_format == "dummy"
+        if dummy:
+            if config.model is None:
+                raise ValueError("load_format='dummy' needs a model directory with config.json.")
+            ckpt = config_only_checkpoint(config.model, trust_remote_code=config.trust_remote_code)
+        else:
+            ckpt = resolve_checkpoint(config.model, trust_remote_code=config.trust_remote_code)
         self.checkpoint = ckpt
         self.model_path = ckpt.path if not ckpt.gguf_file else f"{ckpt.path}/{ckpt.gguf_file}"
         self.tokenizer = load_tokenizer(config.tokenizer or ckpt, trust_remote_code=config.trust_remote_code)
@@ -96,7 +102,8 @@ class LLMEngine:
         dtype = resolve_dtype(config.dtype, getattr(ckpt.hf_config, "torch_dtype", None), device)
         if device.type == "cpu" and dtype == torch.float16:
             logger.warning("float16 on CPU is slow; consider bfloat16 or float32")
-        self.runner = ModelRunner(config, mc, ckpt.iter_weights(dtype), device, dtype, max_len, ckpt)
+        weights = None if dummy else ckpt.iter_weights(dtype)
+        self.runner = ModelRunner(config, mc, weights, device, dtype, max_len, ckpt)
         self.num_spec = self.runner.num_speculative_tokens
         num_blocks = self.runner.determine_num_blocks()
         self.runner.allocate_kv_cache(num_blocks)

@@ -20,7 +20,9 @@ import torch
 import torch.nn.functional as F
 
 __all__ = ["paged_attention_ref", "store_kv_ref"]
-_FORCE_MODE = None
+
+# "batched" / "per_request" forces one strategy of paged_attention_ref (tests exercise both); None = heuristic.
+_FORCE_MODE: str | None = None
 
 
 def store_kv_ref(
@@ -103,8 +105,8 @@ def paged_attention_ref(
 ) -> torch.Tensor:
     """Varlen paged attention over the block table; returns [T, num_heads, head_dim] in ``q``'s dtype.
 
-    Reads the metadata on the host. Requests whose padded work is small relative to the real work are
-    handled in one batched SDPA call (decode, spec verify); otherwise one call per request (mixed prefill).
+    Reads the metadata on the host. Runs one SDPA call per request over its gathered K/V (one block gather
+    per request, no per-token loop), or one padded SDPA call for large batches of similar requests.
     Computation is in fp32. ``max_seq_len`` is accepted for signature parity with the Triton kernel; the
     true maximum is read from ``seq_lens``. Rows of ``q`` not covered by ``query_start_loc`` output zeros.
     """
@@ -131,7 +133,11 @@ def paged_attention_ref(
     max_s = max(sls[b] for b in active)
     padded = len(active) * max_q * max_s
 
-    if _FORCE_MODE == 'batched' or (_FORCE_MODE is None and padded <= 2 * work + 4096):
+    # Per request: exact slices (no padding, no sanitising), and no mask at all for decode / non-causal rows.
+    # Batched (one gather, one masked SDPA) only pays off for many similar requests, where per-call overhead
+    # dominates (measured on CPU: per-request wins for B <= 8 decode, mixed and verify batches).
+    batched = len(active) >= 16 and padded <= 1.25 * work
+    if _FORCE_MODE == "batched" or (_FORCE_MODE is None and batched):
         _batched(q, k_cache, v_cache, block_tables, out, active, qsl, q_lens, sls, max_q, max_s, causal,
                  sliding_window, scale)  # fmt: skip
         return out
@@ -149,7 +155,9 @@ def paged_attention_ref(
             mask = None
         else:
             q_pos = torch.arange(sl - ql, sl, device=dev)
-            mask = _visibility_mask(q_pos, k_pos_all[:sl], torch.tensor([sl], device=dev), causal, sliding_window)
+            mask = _visibility_mask(
+                q_pos, k_pos_all[:sl], torch.tensor([sl], device=dev), causal, sliding_window
+            )
             mask = mask[None]
         o = _gqa_attention(qb, kb[None], vb[None], mask, scale)
         out[q0 : q0 + ql] = o[0].to(q.dtype)

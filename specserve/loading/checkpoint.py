@@ -199,6 +199,14 @@ def resolve_checkpoint(
     return Checkpoint(path=path, hf_config=_hf_config(path, trust_remote_code), generation_config=gen)
 
 
+def config_only_checkpoint(model: str, *, trust_remote_code: bool = False) -> Checkpoint:
+    """A local directory with config.json only (``load_format="dummy"``: random weights, for benchmarks)."""
+    path = os.path.abspath(os.path.expanduser(model))
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        raise ValueError(f"load_format='dummy' needs a local directory with config.json; got '{model}'.")
+    return Checkpoint(path=path, hf_config=_hf_config(path, trust_remote_code))
+
+
 def _gguf_cache() -> Any:
     return specserve_cache_dir() / "gguf"
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -37,6 +38,20 @@ class RequestStepOutput:
 class StepOutput:
     outputs: dict[str, RequestStepOutput]
     drafts: dict[str, list[int]]
+
+
+@torch.no_grad()
+def init_dummy_weights(model: torch.nn.Module, seed: int = 0, std: float = 0.02) -> None:
+    """Random weights (``load_format="dummy"``): normal(0, std) matrices, unit norms."""
+    g = torch.Generator(device=next(model.parameters()).device)
+    g.manual_seed(seed)
+    for name, p in model.named_parameters():
+        if p.dim() >= 2:
+            p.normal_(0.0, std, generator=g)
+        elif "norm" in name:
+            p.fill_(1.0)
+        else:
+            p.zero_()
 
 
 def resolve_device(device: str) -> torch.device:
@@ -97,7 +112,10 @@ class ModelRunner:
                 self.model = DecoderLM(model_config, max_position=max_model_len + 2 * k + 8)
             finally:
                 torch.set_default_dtype(prev)
-        self.model.load_weights(weights)  # type: ignore[arg-type]
+        if weights is None:
+            init_dummy_weights(self.model, config.seed)
+        else:
+            self.model.load_weights(weights)  # type: ignore[arg-type]
         self.model.eval().requires_grad_(False)
         self.model.rope.to(device)
         self.backend = make_backend(config.attention_backend, device)
@@ -111,6 +129,8 @@ class ModelRunner:
         self.generator = torch.Generator(device=device)
         self.generator.manual_seed(config.seed)
         self.num_blocks = 0
+        self.profile = False  # benchmarks: per step (target+verify ms, drafter ms, batch) in self.timings
+        self.timings: list[tuple[float, float, int]] = []
 
     # ------------------------------------------------------------------ KV cache
     def kv_bytes_per_block(self) -> int:
@@ -332,6 +352,7 @@ class ModelRunner:
             seq_lens.append(start + len(toks))
             tables.append(req.block_table)
         all_logits: torch.Tensor | None = None
+        t_start = self._mark()
         if uniform_q:
             all_logits, features = self._forward_uniform(items, uniform_q)
             q_lens = [uniform_q] * len(items)
@@ -427,8 +448,32 @@ class ModelRunner:
                         max_drafts=max(0, min(remaining_len, remaining_out)),
                     )
                 )
+            t_mid = self._mark()
             proposals = self.proposer.propose(inputs, features)
+            if self.profile:
+                self.timings.append((self._elapsed(t_start, t_mid), self._elapsed(t_mid, self._mark()), len(items)))
             for s, d in zip(items, proposals):
                 if d:
                     drafts_out[s.req.request_id] = d
+        elif self.profile:
+            self.timings.append((self._elapsed(t_start, self._mark()), 0.0, len(items)))
         return StepOutput(outputs, drafts_out)
+
+    # ------------------------------------------------------------------ profiling (benchmarks only)
+    def _mark(self) -> Any:
+        if not self.profile:
+            return None
+        if self.device.type == "cuda":
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            return ev
+        import time
+
+        return time.perf_counter()
+
+    def _elapsed(self, a: Any, b: Any) -> float:
+        """Milliseconds between two marks (synchronizes on CUDA: profiling only)."""
+        if self.device.type == "cuda":
+            b.synchronize()
+            return float(a.elapsed_time(b))
+        return (b - a) * 1e3

@@ -21,7 +21,8 @@ class DFlashProposer(Proposer):
     def __init__(self, spec: SpeculativeConfig, runner: ModelRunner) -> None:
         super().__init__(spec.num_speculative_tokens)
         assert spec.model is not None
-        raw, ckpt = load_drafter_checkpoint(spec.model)
+        dummy = runner.config.load_format == "dummy"
+        raw, ckpt = load_drafter_checkpoint(spec.model, dummy)
         archs = raw.get("architectures") or []
         if not any("DFlash" in a for a in archs) and "dflash_config" not in raw:
             raise ValueError(f"{spec.model} is not a DFlash checkpoint (architectures={archs}).")
@@ -54,14 +55,20 @@ class DFlashProposer(Proposer):
         self.model: DFlashDraftModel = build_model(
             runner, lambda: DFlashDraftModel(raw, tc.hidden_size, max_pos)
         )
-        sd = dict(ckpt.iter_weights(runner.dtype))
+        if dummy:
+            from specserve.runner.model_runner import init_dummy_weights
+
+            init_dummy_weights(self.model, runner.config.seed + 1)
+            self.model.stack_context_weights()
+        sd = {} if dummy else dict(ckpt.iter_weights(runner.dtype))
         fc = sd.get("fc.weight", sd.get("model.fc.weight"))
         if fc is not None and fc.shape[1] != len(ids) * tc.hidden_size:
             raise ValueError(
                 f"DFlash fc expects a target feature of width {fc.shape[1]} but the target gives "
                 f"{len(ids)} taps x hidden {tc.hidden_size} = {len(ids) * tc.hidden_size}: draft/target mismatch."
             )
-        self.model.load_weights(sd.items())
+        if not dummy:
+            self.model.load_weights(sd.items())
         self.model.eval().requires_grad_(False)
         self.runner = runner
         self.caches: list[tuple[torch.Tensor, torch.Tensor]] = []

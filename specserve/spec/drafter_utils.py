@@ -15,10 +15,10 @@ if TYPE_CHECKING:
     from specserve.runner.model_runner import ModelRunner
 
 
-def load_drafter_checkpoint(model: str) -> tuple[dict[str, Any], Checkpoint]:
-    from specserve.loading import resolve_checkpoint
+def load_drafter_checkpoint(model: str, dummy: bool = False) -> tuple[dict[str, Any], Checkpoint]:
+    from specserve.loading import config_only_checkpoint, resolve_checkpoint
 
-    ckpt = resolve_checkpoint(model)
+    ckpt = config_only_checkpoint(model) if dummy else resolve_checkpoint(model)
     with open(os.path.join(ckpt.path, "config.json")) as f:
         raw = json.load(f)
     return raw, ckpt

@@ -22,7 +22,8 @@ class Eagle3Proposer(Proposer):
     def __init__(self, spec: SpeculativeConfig, runner: ModelRunner) -> None:
         super().__init__(spec.num_speculative_tokens)
         assert spec.model is not None
-        raw, ckpt = load_drafter_checkpoint(spec.model)
+        dummy = runner.config.load_format == "dummy"
+        raw, ckpt = load_drafter_checkpoint(spec.model, dummy)
         tc = runner.model_config
         L = tc.num_hidden_layers
         ids = raw.get("eagle_aux_hidden_state_layer_ids") or (raw.get("eagle_config") or {}).get(
@@ -42,7 +43,12 @@ class Eagle3Proposer(Proposer):
         self.model: Eagle3DraftModel = build_model(
             runner, lambda: Eagle3DraftModel(raw, tc.hidden_size, tc.vocab_size, max_pos)
         )
-        self.model.load_weights(ckpt.iter_weights(runner.dtype))
+        if dummy:
+            from specserve.runner.model_runner import init_dummy_weights
+
+            init_dummy_weights(self.model, runner.config.seed + 1)
+        else:
+            self.model.load_weights(ckpt.iter_weights(runner.dtype))
         self.model.eval().requires_grad_(False)
         if self.model.lm_head is None and self.model.draft_vocab_size != tc.vocab_size:
             raise ValueError(

@@ -1,0 +1,199 @@
+"""Step latency of a Qwen3-8B-shaped target (random bf16 weights) with plain decode, DFlash and EAGLE-3.
+
+    python benchmarks/step_latency.py --config-dir DIR [--batches 1 2 4 8] [--out FILE]
+
+DIR holds a Qwen3-8B config.json and tokenizer files. Drafters: a Qwen3-8B-DFlash-b16-shaped drafter
+(5 layers, taps [1, 9, 17, 25, 33]) and an EAGLE-3 head shaped like AngelSlim/Qwen3-8B_eagle3 (lm_head shared),
+both random (load_format="dummy"). Per configuration and batch size it reports ms per engine step (measured
+through the engine, graphs on; split into target verify and drafter), the weight-read floor (weight bytes /
+device-to-device copy bandwidth measured in the same run) and HF transformers' decode forward in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+PUBLISHED = {  # reference/dflash.md §6a, Qwen3-8B, GSM8K, temperature 0 (B200, HF backend)
+    ("dflash", 15): 6.55,
+    ("eagle3", 7): 2.89,
+}
+
+
+def write_drafters(root: Path) -> tuple[str, str]:
+    df, ea = root / "dflash-b16", root / "eagle3"
+    df.mkdir(parents=True, exist_ok=True)
+    ea.mkdir(parents=True, exist_ok=True)
+    (df / "config.json").write_text(json.dumps({
+        "architectures": ["DFlashDraftModel"], "model_type": "qwen3", "block_size": 16, "num_target_layers": 36,
+        "dflash_config": {"mask_token_id": 151669, "target_layer_ids": [1, 9, 17, 25, 33]},
+        "hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 5, "num_attention_heads": 32,
+        "num_key_value_heads": 8, "head_dim": 128, "hidden_act": "silu", "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000, "max_position_embeddings": 40960, "layer_types": ["full_attention"] * 5,
+        "sliding_window": None, "attention_bias": False, "tie_word_embeddings": False, "vocab_size": 151936}))
+    (ea / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": 4096,
+        "intermediate_size": 12288, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+        "num_hidden_layers": 1, "rms_norm_eps": 1e-6, "rope_theta": 1000000, "max_position_embeddings": 40960,
+        "vocab_size": 151936, "draft_vocab_size": 151936, "tie_word_embeddings": False}))
+    return str(df), str(ea)
+
+
+def copy_bandwidth() -> float:
+    x = torch.empty(2 * 2**30, dtype=torch.uint8, device="cuda")
+    y = torch.empty_like(x)
+    for _ in range(3):
+        y.copy_(x)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    n = 10
+    for _ in range(n):
+        y.copy_(x)
+    torch.cuda.synchronize()
+    dt = (time.perf_counter() - t0) / n
+    del x, y
+    return 2 * 2 * 2**30 / dt  # bytes read + written per second
+
+
+def run_config(model_dir: str, spec: dict | None, batches: list[int], eager: bool, max_tokens: int) -> list[dict]:
+    from specserve import LLM, SamplingParams
+
+    llm = LLM(model_dir, load_format="dummy", dtype="bfloat16", device="cuda", max_model_len=2048,
+              max_num_seqs=max(batches), speculative_config=spec, enable_prefix_caching=False,
+              enforce_eager=eager, gpu_memory_utilization=0.6)
+    eng = llm.engine
+    weight_bytes = sum(p.numel() * p.element_size() for p in eng.runner.model.parameters())
+    steps = {"n": 0}
+    orig = eng.step
+
+    def counted():  # type: ignore[no-untyped-def]
+        steps["n"] += 1
+        return orig()
+
+    eng.step = counted  # type: ignore[method-assign]
+    rows = []
+    g = torch.Generator().manual_seed(0)
+    for b in batches:
+        prompts = [{"prompt_token_ids": torch.randint(1000, 100000, (128,), generator=g).tolist()} for _ in range(b)]
+        sp = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+        llm.generate(prompts, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))  # warm-up
+        eng.runner.profile, eng.runner.timings = True, []
+        steps["n"] = 0
+        t0 = time.perf_counter()
+        llm.generate(prompts, sp)
+        wall = time.perf_counter() - t0
+        eng.runner.profile = False
+        dec = [t for t in eng.runner.timings[1:] if t[2] == b]  # skip the prefill step
+        # a second, unprofiled run gives the wall-clock step time without the profiling syncs
+        steps["n"] = 0
+        t0 = time.perf_counter()
+        llm.generate(prompts, sp)
+        wall2 = time.perf_counter() - t0
+        n2 = steps["n"]
+        med = lambda xs: sorted(xs)[len(xs) // 2] if xs else 0.0  # noqa: E731
+        rows.append({
+            "method": spec["method"] if spec else "plain", "k": spec["num_speculative_tokens"] if spec else 0,
+            "batch": b, "graphs": not eager,
+            "step_ms_wall": round(1e3 * wall2 / max(1, n2), 3),
+            "target_ms": round(med([t[0] for t in dec]), 3), "drafter_ms": round(med([t[1] for t in dec]), 3),
+            "steps": n2, "profiled_wall_s": round(wall, 3), "weight_bytes": weight_bytes,
+        })
+        print(json.dumps(rows[-1]), flush=True)
+    del llm, eng
+    gc.collect()
+    torch.cuda.empty_cache()
+    return rows
+
+
+def hf_decode_ms(model_dir: str) -> float:
+    import transformers
+
+    cfg = transformers.AutoConfig.from_pretrained(model_dir)
+    with torch.device("cuda"):
+        model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).eval()
+    ids = torch.randint(1000, 100000, (1, 128), device="cuda")
+    with torch.no_grad():
+        out = model(ids, use_cache=True)
+        cache = out.past_key_values
+        tok = ids[:, -1:]
+        times = []
+        for i in range(25):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            out = model(tok, past_key_values=cache, use_cache=True)
+            torch.cuda.synchronize()
+            if i >= 5:
+                times.append(time.perf_counter() - t0)
+    del model
+    gc.collect()
+    torch.cuda.empty_cache()
+    return 1e3 * sorted(times)[len(times) // 2]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--config-dir", required=True)
+    ap.add_argument("--batches", nargs="+", type=int, default=[1, 2, 4, 8])
+    ap.add_argument("--max-tokens", type=int, default=48)
+    ap.add_argument("--skip-hf", action="store_true")
+    ap.add_argument("--skip-eager", action="store_true")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    root = Path(os.environ.get("TMPDIR", "/tmp")) / "specserve-drafters"
+    df, ea = write_drafters(root)
+    bw = copy_bandwidth()
+    print(f"copy bandwidth {bw / 1e12:.2f} TB/s", flush=True)
+    configs = [None, {"method": "dflash", "model": df, "num_speculative_tokens": 4},
+               {"method": "dflash", "model": df, "num_speculative_tokens": 15},
+               {"method": "eagle3", "model": ea, "num_speculative_tokens": 4},
+               {"method": "eagle3", "model": ea, "num_speculative_tokens": 7}]
+    rows = []
+    for spec in configs:
+        rows += run_config(args.config_dir, spec, args.batches, eager=False, max_tokens=args.max_tokens)
+    if not args.skip_eager:
+        rows += run_config(args.config_dir, None, [1], eager=True, max_tokens=args.max_tokens)
+        rows += run_config(args.config_dir, configs[2], [1], eager=True, max_tokens=args.max_tokens)
+    hf_ms = None if args.skip_hf else hf_decode_ms(args.config_dir)
+    wb = rows[0]["weight_bytes"]
+    floor_ms = 1e3 * wb / (bw / 2)  # reading the weights once: bytes / (read bandwidth = copy rate)
+    plain = {r["batch"]: r["step_ms_wall"] for r in rows if r["method"] == "plain" and r["graphs"]}
+    print(f"\nQwen3-8B-shaped target, bf16, {wb / 1e9:.2f} GB of weights; weight-read floor {floor_ms:.3f} ms "
+          f"(copy bandwidth {bw / 1e12:.2f} TB/s read+write); HF transformers decode forward (batch 1): "
+          f"{hf_ms if hf_ms is None else round(hf_ms, 2)} ms")
+    print(f"{'method':8} {'K':>3} {'batch':>5} {'graphs':>6} {'step ms':>8} {'target':>7} {'drafter':>7} "
+          f"{'x floor':>7} {'x plain':>7} {'proj tok/s':>10}")
+    for r in rows:
+        tau = PUBLISHED.get((r["method"], r["k"]))
+        proj = f"{tau * 1e3 / r['step_ms_wall'] * r['batch']:.0f}" if tau else "-"
+        xp = r["step_ms_wall"] / plain[r["batch"]] if r["batch"] in plain else float("nan")
+        r.update(x_floor=round(r["step_ms_wall"] / floor_ms, 3), x_plain=round(xp, 3),
+                 projected_tokens_per_s=(tau * 1e3 / r["step_ms_wall"] * r["batch"]) if tau else None,
+                 projected_from_acceptance_length=tau)
+        print(f"{r['method']:8} {r['k']:>3} {r['batch']:>5} {str(r['graphs']):>6} {r['step_ms_wall']:>8.3f} "
+              f"{r['target_ms']:>7.3f} {r['drafter_ms']:>7.3f} {r['x_floor']:>7.2f} {xp:>7.2f} {proj:>10}")
+    print("proj tok/s = published acceptance length (DFlash K=15: 6.55, EAGLE-3 K=7: 2.89; GSM8K, Qwen3-8B) x "
+          "batch / step time: a PROJECTION, not a measurement.")
+    try:
+        rev = subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True).strip()
+    except Exception:  # noqa: BLE001
+        rev = os.environ.get("GIT_REV", "unknown")
+    result = {"command": " ".join(["python"] + sys.argv), "git_revision": rev,
+              "gpu": torch.cuda.get_device_name(), "copy_bandwidth_Bps": bw, "weight_bytes": wb,
+              "weight_read_floor_ms": floor_ms, "hf_transformers_decode_ms_batch1": hf_ms, "rows": rows}
+    out = Path(args.out or f"benchmarks/results/step_latency-{time.strftime('%Y%m%d-%H%M%S')}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2))
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,532 @@
+"""Triton kernels for the paged KV cache: ``store_kv`` and varlen ``paged_attention`` (GPU backend).
+
+Same layouts and semantics as :mod:`specserve.layers.attention_ref` (the oracle these are tested against)::
+
+    k_cache, v_cache: [num_blocks, block_size, num_kv_heads, head_dim]   slot = block_id * block_size + offset
+    q: [T, num_heads, head_dim]; query_start_loc int32 [B+1]; seq_lens int32 [B]; block_tables int32 [B, max_blocks]
+
+Design (DESIGN.md §4: batch 1-8 decode and spec verify are bound by bytes read and by launches):
+
+* One program per (request, KV head, tile of queries[, KV split]). The ``group = num_heads // num_kv_heads``
+  query heads sharing a KV head are packed with the tile's queries into the M dimension of ``tl.dot``
+  (row r = query r // group, head r % group), so each K/V tile is loaded once per KV head.
+* No host syncs: the grid depends only on ``(B, num_kv_heads, cdiv(max_query_len, queries_per_tile),
+  num_splits)`` which are static per CUDA-graph bucket. Each program reads its request's ``q_len`` and
+  ``seq_len`` from device memory, exits early when its query tile is empty and walks only the visible KV range
+  (up to the tile's last query position when causal; from the window start with a sliding window), gathering
+  K/V rows through the block table in tiles of ``BLOCK_N`` keys (independent of the page size).
+* Online softmax in fp32 (exp2 with the scale folded in). Queries with no visible key output zeros.
+* Split-KV (flash decoding) for small grids: the visible range of each query tile is cut into ``num_splits``
+  equal runs of KV tiles at run time; each split writes a normalised partial output and its log-sum-exp, and a
+  second kernel merges them. ``num_splits`` is picked on the host from static arguments only (B, heads,
+  max_query_len, ``max_seq_len`` hint, SM count), so it is CUDA-graph safe.
+
+Both kernels also run under ``TRITON_INTERPRET=1`` on CPU tensors (that is how the tests exercise them).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+__all__ = ["AttentionConfig", "paged_attention", "select_attention_config", "store_kv"]
+
+
+# --------------------------------------------------------------------------------------------- store_kv
+
+
+@triton.jit
+def _store_kv_kernel(
+    k_ptr,
+    v_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    slot_ptr,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    stride_kcb,
+    stride_kcs,
+    stride_kch,
+    stride_vcb,
+    stride_vcs,
+    stride_vch,
+    num_kv_heads,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+):
+    tok = tl.program_id(0).to(tl.int64)
+    slot = tl.load(slot_ptr + tok).to(tl.int64)
+    if slot < 0:  # padding token (e.g. a CUDA-graph row that belongs to no request)
+        return
+    blk = slot // BLOCK_SIZE
+    off = slot % BLOCK_SIZE
+    heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask = (heads < num_kv_heads)[:, None] & (offs_d < HEAD_DIM)[None, :]
+    k = tl.load(k_ptr + tok * stride_kt + heads[:, None] * stride_kh + offs_d[None, :], mask=mask)
+    v = tl.load(v_ptr + tok * stride_vt + heads[:, None] * stride_vh + offs_d[None, :], mask=mask)
+    kc = k_cache_ptr + blk * stride_kcb + off * stride_kcs + heads[:, None] * stride_kch + offs_d[None, :]
+    vc = v_cache_ptr + blk * stride_vcb + off * stride_vcs + heads[:, None] * stride_vch + offs_d[None, :]
+    tl.store(kc, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
+    tl.store(vc, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
+
+
+def store_kv(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """Write ``k``/``v`` [T, n_kv, hd] into the paged caches at ``slot_mapping`` [T] (int32/int64).
+
+    One launch for K and V; a slot of -1 writes nothing. ``k``/``v`` may be strided views (e.g. slices of a
+    fused qkv output) as long as their last dimension is contiguous.
+    """
+    if k.dim() != 3 or k.shape != v.shape:
+        raise ValueError(f"k and v must both be [T, n_kv, hd]; got {tuple(k.shape)} and {tuple(v.shape)}")
+    t, hk, d = k.shape
+    if k_cache.dim() != 4 or k_cache.shape != v_cache.shape or tuple(k_cache.shape[2:]) != (hk, d):
+        raise ValueError(
+            f"caches must be [num_blocks, block_size, {hk}, {d}]; got {tuple(k_cache.shape)}, {tuple(v_cache.shape)}"
+        )
+    if slot_mapping.shape != (t,):
+        raise ValueError(f"slot_mapping must be [T={t}]; got {tuple(slot_mapping.shape)}")
+    for name, x in (("k", k), ("v", v), ("k_cache", k_cache), ("v_cache", v_cache)):
+        if x.stride(-1) != 1:
+            raise ValueError(f"{name} must be contiguous in its last dimension")
+    if t == 0:
+        return
+    block_d = max(triton.next_power_of_2(d), 16)
+    block_h = max(1, min(triton.next_power_of_2(hk), 4096 // block_d))
+    grid = (t, triton.cdiv(hk, block_h))
+    _store_kv_kernel[grid](
+        k,
+        v,
+        k_cache,
+        v_cache,
+        slot_mapping,
+        k.stride(0),
+        k.stride(1),
+        v.stride(0),
+        v.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        v_cache.stride(0),
+        v_cache.stride(1),
+        v_cache.stride(2),
+        hk,
+        HEAD_DIM=d,
+        BLOCK_D=block_d,
+        BLOCK_H=block_h,
+        BLOCK_SIZE=k_cache.shape[1],
+        num_warps=4 if block_h * block_d >= 1024 else 2,
+    )
+
+
+# ---------------------------------------------------------------------------------------- attention
+
+
+@triton.jit
+def _mm(a, b, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    # The Triton interpreter stores bf16 as uint16 and has no bf16 arithmetic (tl.dot would multiply the bit
+    # patterns), so on CPU the operands are widened; bf16 products are exact in fp32, so results match the GPU.
+    if UPCAST:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    else:
+        return tl.dot(a, b, input_precision=PRECISION)
+
+
+@triton.jit
+def _paged_attn_kernel(
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    out_ptr,
+    part_out_ptr,
+    part_lse_ptr,
+    qsl_ptr,
+    seq_lens_ptr,
+    bt_ptr,
+    qk_scale,
+    stride_qt,
+    stride_qh,
+    stride_kb,
+    stride_ks,
+    stride_kh,
+    stride_vb,
+    stride_vs,
+    stride_vh,
+    stride_ot,
+    stride_oh,
+    stride_bt,
+    stride_ps,
+    stride_pt,
+    stride_ph,
+    stride_ls,
+    stride_lt,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    GROUP: tl.constexpr,
+    QT: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    WINDOW: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
+    b = tl.program_id(0)
+    kvh = tl.program_id(1)
+    pid2 = tl.program_id(2)
+    q_tile = pid2 // NUM_SPLITS
+    split = pid2 % NUM_SPLITS
+
+    q_start = tl.load(qsl_ptr + b)
+    q_len = tl.load(qsl_ptr + b + 1) - q_start
+    tile_lo = q_tile * QT
+    if tile_lo >= q_len:  # this tile has no queries (short request, or a q_len 0 / padded request)
+        return
+    seq_len = tl.load(seq_lens_ptr + b)
+    ctx = seq_len - q_len  # absolute position of the request's first query
+    tile_hi = tl.minimum(tile_lo + QT, q_len)
+
+    # Visible KV range of the whole tile: [kv_lo, kv_hi).
+    if CAUSAL:
+        kv_hi = tl.minimum(seq_len, ctx + tile_hi)
+    else:
+        kv_hi = seq_len
+    if WINDOW > 0:
+        kv_lo = tl.maximum(ctx + tile_lo - WINDOW + 1, 0)
+        kv_lo = (kv_lo // BLOCK_N) * BLOCK_N
+    else:
+        kv_lo = 0
+    n_tiles = tl.maximum(tl.cdiv(kv_hi - kv_lo, BLOCK_N), 0)
+    if NUM_SPLITS > 1:
+        per_split = tl.cdiv(n_tiles, NUM_SPLITS)
+        t_begin = split * per_split
+        t_end = tl.minimum(t_begin + per_split, n_tiles)
+    else:
+        t_begin = 0
+        t_end = n_tiles
+
+    # Rows of the tile: (query, head-in-group) pairs.
+    offs_m = tl.arange(0, BLOCK_M)
+    qi = offs_m // GROUP
+    q_idx = tile_lo + qi
+    row_valid = (qi < QT) & (q_idx < q_len)
+    tok = (q_start + q_idx).to(tl.int64)
+    head = kvh * GROUP + offs_m % GROUP
+    pos = ctx + q_idx
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_n = tl.arange(0, BLOCK_N)
+    if BLOCK_D == HEAD_DIM:
+        q_mask = row_valid[:, None]
+    else:
+        q_mask = row_valid[:, None] & (offs_d < HEAD_DIM)[None, :]
+    q = tl.load(
+        q_ptr + tok[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :], mask=q_mask, other=0.0
+    )
+
+    m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)  # finite, so fully masked rows never give inf - inf
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    bt_row = bt_ptr + b.to(tl.int64) * stride_bt
+    for t in range(t_begin, t_end):
+        kp = kv_lo + t * BLOCK_N + offs_n
+        kv_valid = kp < kv_hi
+        blk = tl.load(bt_row + kp // BLOCK_SIZE, mask=kv_valid, other=0).to(tl.int64)
+        in_blk = kp % BLOCK_SIZE
+        k_off = blk * stride_kb + in_blk * stride_ks + kvh * stride_kh
+        v_off = blk * stride_vb + in_blk * stride_vs + kvh * stride_vh
+        if BLOCK_D == HEAD_DIM:
+            k_mask = kv_valid[None, :]
+            v_mask = kv_valid[:, None]
+        else:
+            k_mask = kv_valid[None, :] & (offs_d < HEAD_DIM)[:, None]
+            v_mask = kv_valid[:, None] & (offs_d < HEAD_DIM)[None, :]
+        k = tl.load(k_cache_ptr + k_off[None, :] + offs_d[:, None], mask=k_mask, other=0.0)  # [D, N]
+        s = _mm(q, k, PRECISION, UPCAST) * qk_scale  # [M, N], log2 domain
+        vis = row_valid[:, None] & kv_valid[None, :]
+        if CAUSAL:
+            vis = vis & (kp[None, :] <= pos[:, None])
+        if WINDOW > 0:
+            vis = vis & (kp[None, :] > pos[:, None] - WINDOW)
+        s = tl.where(vis, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_cache_ptr + v_off[:, None] + offs_d[None, :], mask=v_mask, other=0.0)  # [N, D]
+        acc = acc * alpha[:, None] + _mm(p.to(v.dtype), v, PRECISION, UPCAST)
+        m_i = m_new
+
+    has = l_i > 0.0
+    o = acc / tl.where(has, l_i, 1.0)[:, None]
+    o_mask = q_mask
+    if NUM_SPLITS == 1:
+        o_ptrs = out_ptr + tok[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :]
+        tl.store(o_ptrs, o.to(out_ptr.dtype.element_ty), mask=o_mask)
+    else:
+        p_ptrs = (
+            part_out_ptr
+            + split.to(tl.int64) * stride_ps
+            + tok[:, None] * stride_pt
+            + head[:, None] * stride_ph
+        )
+        tl.store(p_ptrs + offs_d[None, :], o, mask=o_mask)
+        lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
+        tl.store(part_lse_ptr + split.to(tl.int64) * stride_ls + tok * stride_lt + head, lse, mask=row_valid)
+
+
+@triton.jit
+def _merge_splits_kernel(
+    part_out_ptr,
+    part_lse_ptr,
+    out_ptr,
+    stride_ps,
+    stride_pt,
+    stride_ph,
+    stride_ls,
+    stride_lt,
+    stride_ot,
+    stride_oh,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    SPLITS_PAD: tl.constexpr,
+):
+    # One program per (token, head): all splits are loaded at once as a [SPLITS_PAD, BLOCK_D] tile.
+    tok = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    offs_s = tl.arange(0, SPLITS_PAD).to(tl.int64)
+    offs_d = tl.arange(0, BLOCK_D)
+    s_valid = offs_s < NUM_SPLITS
+    lse = tl.load(
+        part_lse_ptr + offs_s * stride_ls + tok * stride_lt + head, mask=s_valid, other=float("-inf")
+    )
+    m = tl.max(lse, 0)
+    w = tl.exp2(lse - tl.where(m == float("-inf"), 0.0, m))  # all splits empty -> all weights 0
+    mask = s_valid[:, None] & (offs_d < HEAD_DIM)[None, :]
+    part = tl.load(
+        part_out_ptr + offs_s[:, None] * stride_ps + tok * stride_pt + head * stride_ph + offs_d[None, :],
+        mask=mask,
+        other=0.0,
+    )
+    den = tl.sum(w, 0)
+    o = tl.sum(part * w[:, None], 0) / tl.where(den > 0.0, den, 1.0)
+    tl.store(
+        out_ptr + tok * stride_ot + head * stride_oh + offs_d,
+        o.to(out_ptr.dtype.element_ty),
+        mask=offs_d < HEAD_DIM,
+    )
+
+
+class AttentionConfig:
+    """Static launch parameters of :func:`paged_attention` for one (shape, bucket)."""
+
+    __slots__ = ("block_m", "block_n", "queries_per_tile", "num_warps", "num_stages")
+
+    def __init__(
+        self, block_m: int, block_n: int, queries_per_tile: int, num_warps: int, num_stages: int
+    ) -> None:
+        self.block_m = block_m
+        self.block_n = block_n
+        self.queries_per_tile = queries_per_tile
+        self.num_warps = num_warps
+        self.num_stages = num_stages
+
+    def __repr__(self) -> str:
+        return (
+            f"AttentionConfig(block_m={self.block_m}, block_n={self.block_n}, "
+            f"queries_per_tile={self.queries_per_tile}, num_warps={self.num_warps}, num_stages={self.num_stages})"
+        )
+
+
+def select_attention_config(
+    num_heads: int, num_kv_heads: int, head_dim: int, max_query_len: int
+) -> AttentionConfig:
+    """Tile sizes from static shapes only. M packs (queries x group heads); N is keys per KV tile."""
+    group = num_heads // num_kv_heads
+    block_d = max(16, triton.next_power_of_2(head_dim))
+    max_m = 128 if block_d <= 128 else 64
+    block_m = min(max(16, triton.next_power_of_2(max(1, max_query_len) * group)), max_m)
+    block_m = max(block_m, triton.next_power_of_2(group))
+    block_n = 64 if block_d <= 128 else 32
+    num_warps = 8 if block_m >= 128 else 4
+    return AttentionConfig(
+        block_m, block_n, block_m // group, num_warps, num_stages=3 if block_m <= 64 else 2
+    )
+
+
+@functools.lru_cache(maxsize=16)
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def _pick_num_splits(
+    device: torch.device, num_programs: int, block_n: int, max_seq_len: int | None, max_query_len: int
+) -> int:
+    """Flash-decoding split count from static arguments: fill ~2 waves of SMs, each split >= 2 KV tiles."""
+    if device.type != "cuda" or max_query_len > 64:
+        return 1
+    sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+    if num_programs >= sms:
+        return 1
+    target = triton.cdiv(2 * sms, num_programs)
+    if max_seq_len is not None:
+        target = min(target, max(1, max_seq_len // (2 * block_n)))
+    target = min(target, 64)
+    return 1 << (target.bit_length() - 1)  # round down to a power of two (fewer compiled variants)
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_tables: torch.Tensor,
+    *,
+    causal: bool = True,
+    sliding_window: int | None = None,
+    scale: float | None = None,
+    max_query_len: int,
+    max_seq_len: int | None = None,
+    out: torch.Tensor | None = None,
+    num_splits: int | None = None,
+    config: AttentionConfig | None = None,
+) -> torch.Tensor:
+    """Varlen paged attention; returns ``out`` [T, num_heads, head_dim] in ``q``'s dtype.
+
+    ``max_query_len`` (host int, >= every request's q_len; static per CUDA-graph bucket) and ``max_seq_len``
+    (optional host upper bound on seq_lens, used only to choose the KV split count) are the only sizes read on
+    the host. ``num_splits`` overrides the split-KV heuristic (1 disables it) and ``config`` the tile sizes
+    (both for tuning; each distinct value compiles a kernel variant). Queries with no visible key (e.g. of a
+    padded request with seq_len 0) get zeros; rows of ``out`` not covered by ``query_start_loc`` (or beyond a
+    request's first ``max_query_len`` queries) are unspecified.
+    """
+    if q.dim() != 3 or k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
+        raise ValueError("expected q [T, H, D] and k_cache == v_cache shape [num_blocks, block_size, Hk, D]")
+    t, h, d = q.shape
+    _, block_size, hk, dk = k_cache.shape
+    if dk != d or h % hk != 0:
+        raise ValueError(f"incompatible shapes: q heads {h}, head_dim {d}; cache heads {hk}, head_dim {dk}")
+    if h // hk > 128:
+        raise ValueError(f"GQA group size {h // hk} > 128 is not supported")
+    if d > 256:
+        raise ValueError(f"head_dim {d} > 256 is not supported by the Triton kernel")
+    if q.dtype != k_cache.dtype or v_cache.dtype != k_cache.dtype:
+        raise ValueError(
+            f"q, k_cache and v_cache must share a dtype; got {q.dtype}, {k_cache.dtype}, {v_cache.dtype}"
+        )
+    if q.stride(-1) != 1 or k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
+        raise ValueError("q, k_cache and v_cache must be contiguous in their last dimension")
+    b = seq_lens.shape[0]
+    if query_start_loc.shape != (b + 1,) or block_tables.dim() != 2 or block_tables.shape[0] != b:
+        raise ValueError(
+            f"metadata shapes disagree: query_start_loc {tuple(query_start_loc.shape)}, seq_lens "
+            f"{tuple(seq_lens.shape)}, block_tables {tuple(block_tables.shape)}"
+        )
+    if sliding_window is not None and sliding_window <= 0:
+        raise ValueError(f"sliding_window must be positive or None, got {sliding_window}")
+    if out is None:
+        out = torch.empty((t, h, d), dtype=q.dtype, device=q.device)
+    elif out.shape != q.shape or out.stride(-1) != 1:
+        raise ValueError(f"out must be [T, H, D] = {tuple(q.shape)} with a contiguous last dimension")
+    if t == 0 or b == 0 or max_query_len <= 0:
+        return out
+    if block_tables.stride(1) != 1:
+        block_tables = block_tables.contiguous()
+
+    cfg = config or select_attention_config(h, hk, d, max_query_len)
+    if cfg.queries_per_tile < 1 or cfg.queries_per_tile * (h // hk) > cfg.block_m:
+        raise ValueError(f"{cfg} cannot hold {h // hk} heads per query")
+    q_tiles = triton.cdiv(max_query_len, cfg.queries_per_tile)
+    if num_splits is None:
+        num_splits = _pick_num_splits(q.device, b * hk * q_tiles, cfg.block_n, max_seq_len, max_query_len)
+    num_splits = max(1, int(num_splits))
+    block_d = max(16, triton.next_power_of_2(d))
+    scale = d**-0.5 if scale is None else float(scale)
+    precision = "ieee" if q.dtype == torch.float32 else "tf32"
+
+    if num_splits > 1:
+        part_out = torch.empty((num_splits, t, h, d), dtype=torch.float32, device=q.device)
+        part_lse = torch.empty((num_splits, t, h), dtype=torch.float32, device=q.device)
+        p_strides = (
+            part_out.stride(0),
+            part_out.stride(1),
+            part_out.stride(2),
+            part_lse.stride(0),
+            part_lse.stride(1),
+        )
+    else:
+        part_out = part_lse = out  # unused
+        p_strides = (0, 0, 0, 0, 0)
+
+    grid = (b, hk, q_tiles * num_splits)
+    _paged_attn_kernel[grid](
+        q,
+        k_cache,
+        v_cache,
+        out,
+        part_out,
+        part_lse,
+        query_start_loc,
+        seq_lens,
+        block_tables,
+        scale * math.log2(math.e),
+        q.stride(0),
+        q.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        v_cache.stride(0),
+        v_cache.stride(1),
+        v_cache.stride(2),
+        out.stride(0),
+        out.stride(1),
+        block_tables.stride(0),
+        *p_strides,
+        HEAD_DIM=d,
+        BLOCK_D=block_d,
+        GROUP=h // hk,
+        QT=cfg.queries_per_tile,
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n,
+        BLOCK_SIZE=block_size,
+        CAUSAL=bool(causal),
+        WINDOW=int(sliding_window or 0),
+        NUM_SPLITS=num_splits,
+        PRECISION=precision,
+        UPCAST=q.device.type == "cpu" and q.dtype != torch.float32,  # CPU only runs under TRITON_INTERPRET=1
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+    )
+    if num_splits > 1:
+        splits_pad = max(2, triton.next_power_of_2(num_splits))
+        _merge_splits_kernel[(t, h)](
+            part_out,
+            part_lse,
+            out,
+            *p_strides,
+            out.stride(0),
+            out.stride(1),
+            HEAD_DIM=d,
+            BLOCK_D=block_d,
+            NUM_SPLITS=num_splits,
+            SPLITS_PAD=splits_pad,
+            num_warps=4 if splits_pad * block_d >= 2048 else 2,
+        )
+    return out

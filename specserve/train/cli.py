@@ -1,0 +1,424 @@
+"""``specserve train dflash|eagle3``: regenerate responses with the target, train a drafter, export it.
+
+Examples::
+
+    specserve train dflash --target model.gguf --prompts gsm8k_train.jsonl:2000 corpus.txt:500 \\
+        --output out/dflash --num-layers 3 --max-steps 2000
+    specserve train eagle3 --target Qwen/Qwen3-8B --data out/dflash/data.jsonl --output out/eagle3
+    torchrun --nproc-per-node 8 -m specserve.train.cli dflash ...      # DDP
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from specserve.train.data import (
+    EngineGenerator,
+    HFGenerator,
+    Sample,
+    chat_prompt_ids,
+    check_not_eval_set,
+    clean_question,
+    load_prompts,
+    load_samples,
+    make_sample,
+    pick_mask_token_id,
+    save_samples,
+    self_question_prompts,
+    stop_token_ids,
+    token_counts,
+)
+from specserve.train.export import export_drafter
+from specserve.train.models import (
+    DFlashConfig,
+    DFlashDrafter,
+    Eagle3Config,
+    Eagle3Drafter,
+    default_dflash_layer_ids,
+    default_eagle3_layer_ids,
+)
+from specserve.train.target import Target, TrainError, load_target, load_tokenizer, resolve_target_path
+from specserve.train.trainer import TrainArgs, Trainer, dist_info
+
+_DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise TrainError(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="specserve train", description="Train a DFlash or EAGLE-3 drafter for a target model.")
+    p.add_argument("method", choices=["dflash", "eagle3"])
+    g = p.add_argument_group("target and data")
+    g.add_argument("--target", default=None, help="HF dir / hub id / .gguf file (default: the bundled demo target)")
+    g.add_argument("--prompts", nargs="+", default=[], metavar="FILE[:N]", help=".jsonl/.json/.txt prompt files")
+    g.add_argument("--self-prompts", type=int, default=0, metavar="N", help="add N questions the target writes")
+    g.add_argument("--data", default=None, help="reuse a generated samples .jsonl (skip generation)")
+    g.add_argument("--output", required=True, help="export directory (config.json, model.safetensors)")
+    g.add_argument("--work-dir", default=None, help="checkpoints + generated data (default: --output)")
+    g.add_argument("--num-prompts", type=int, default=None)
+    g.add_argument("--max-new-tokens", type=int, default=512)
+    g.add_argument("--max-prompt-length", type=int, default=1024, help="drop longer (templated) prompts")
+    g.add_argument("--gen-temperature", type=float, default=0.0)
+    g.add_argument("--generator", choices=["auto", "engine", "hf"], default="auto")
+    g.add_argument("--gen-batch-size", type=int, default=256, help="hf batch size / engine max_num_seqs")
+    g.add_argument("--generate-only", action="store_true", help="stop after writing the data file")
+    m = p.add_argument_group("drafter")
+    m.add_argument("--num-layers", type=int, default=None, help="DFlash layers (default 5); EAGLE-3 is 1")
+    m.add_argument("--intermediate-size", type=int, default=None, help="default: the target's")
+    m.add_argument("--block-size", type=int, default=16)
+    m.add_argument("--target-layer-ids", type=int, nargs="+", default=None)
+    m.add_argument("--mask-token-id", type=int, default=None)
+    m.add_argument("--draft-vocab-size", type=int, default=None, help="EAGLE-3 reduced vocab (default: full)")
+    o = p.add_argument_group("objective and optimisation")
+    o.add_argument("--num-anchors", type=int, default=512)
+    o.add_argument("--gamma", type=float, default=None, help="DFlash loss decay (default 7 * block/16)")
+    o.add_argument("--ttt-steps", type=int, default=7)
+    o.add_argument("--epochs", type=float, default=1.0)
+    o.add_argument("--max-steps", type=int, default=None)
+    o.add_argument("--batch-size", type=int, default=8, help="sequences per step per process")
+    o.add_argument("--lr", type=float, default=6e-4)
+    o.add_argument("--warmup-ratio", type=float, default=0.04)
+    o.add_argument("--weight-decay", type=float, default=0.0)
+    o.add_argument("--max-grad-norm", type=float, default=1.0)
+    o.add_argument("--max-length", type=int, default=2048)
+    o.add_argument("--save-every", type=int, default=500, help="checkpoint every N steps (0: only at the end)")
+    o.add_argument("--resume", action="store_true", help="continue from <work-dir>/checkpoint.pt")
+    o.add_argument("--stop-after", type=int, default=None, help=argparse.SUPPRESS)
+    o.add_argument("--attn-backend", choices=["auto", "split", "sdpa"], default="auto")
+    o.add_argument("--log-every", type=int, default=10)
+    r = p.add_argument_group("runtime")
+    r.add_argument("--device", default=None, help="cuda / cpu (default: cuda if available)")
+    r.add_argument("--dtype", default="auto", choices=["auto", *_DTYPES], help="target dtype (auto: bf16 on GPU)")
+    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--no-progress", action="store_true")
+    return p
+
+
+def _validate(a: argparse.Namespace) -> None:
+    def positive(name: str, v: float | None, allow_zero: bool = False) -> None:
+        if v is not None and (v < 0 or (v == 0 and not allow_zero)):
+            raise TrainError(f"--{name.replace('_', '-')} must be {'>= 0' if allow_zero else '> 0'}, got {v}")
+
+    for name in ("max_new_tokens", "max_prompt_length", "gen_batch_size", "num_anchors", "ttt_steps"):
+        positive(name, getattr(a, name))
+    for name in ("batch_size", "max_length", "lr", "num_layers", "intermediate_size", "num_prompts"):
+        positive(name, getattr(a, name))
+    positive("max_steps", a.max_steps)
+    positive("epochs", a.epochs, allow_zero=a.max_steps is not None)
+    positive("gamma", a.gamma)
+    positive("draft_vocab_size", a.draft_vocab_size)
+    for name in ("save_every", "self_prompts", "weight_decay", "max_grad_norm", "gen_temperature"):
+        positive(name, getattr(a, name), allow_zero=True)
+    if not 0 <= a.warmup_ratio < 1:
+        raise TrainError(f"--warmup-ratio must be in [0, 1), got {a.warmup_ratio}")
+    if a.block_size < 2:
+        raise TrainError(f"--block-size must be at least 2, got {a.block_size}")
+    if a.method == "eagle3" and a.target_layer_ids is not None and len(a.target_layer_ids) != 3:
+        raise TrainError("EAGLE-3 needs exactly 3 --target-layer-ids")
+    if a.data is None and not a.prompts and not a.self_prompts:
+        raise TrainError("give --prompts FILE... (and/or --self-prompts N) or --data FILE")
+    if a.data is not None and not os.path.isfile(a.data):
+        raise TrainError(f"data file not found: {a.data}")
+    if a.target is not None and not a.target.endswith(".gguf") and os.path.sep in a.target:
+        if not os.path.exists(a.target):
+            raise TrainError(f"target not found: {a.target}")
+
+
+@dataclass
+class TrainResult:
+    drafter: DFlashDrafter | Eagle3Drafter | None
+    output_dir: str
+    data_path: str
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+
+def _setup_distributed(device_arg: str | None) -> torch.device:
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    use_cuda = torch.cuda.is_available() and (device_arg is None or device_arg.startswith("cuda"))
+    if world > 1:
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            dist.init_process_group(
+                backend="nccl" if use_cuda else "gloo", timeout=datetime.timedelta(hours=2)
+            )
+        if use_cuda:
+            local = int(os.environ.get("LOCAL_RANK", "0"))
+            torch.cuda.set_device(local)
+            return torch.device("cuda", local)
+        return torch.device("cpu")
+    if device_arg:
+        return torch.device(device_arg)
+    return torch.device("cuda" if use_cuda else "cpu")
+
+
+def _log(msg: str) -> None:
+    if dist_info()[0] == 0:
+        print(msg, file=sys.stderr, flush=True)
+
+
+def _generate_data(
+    a: argparse.Namespace, target_path: str, device: torch.device, dtype: torch.dtype, data_path: str
+) -> tuple[list[Sample], Target | None, Any, dict[str, Any]]:
+    """Prompts -> chat template -> responses from the target. Returns samples, the HF target (if loaded
+    for generation), the tokenizer and generation stats."""
+    prompts = load_prompts(a.prompts, seed=a.seed) if a.prompts else []
+    t0 = time.time()
+    use_engine = a.generator == "engine"
+    if a.generator == "auto":
+        try:
+            import specserve.llm  # noqa: F401
+
+            use_engine = True
+        except ImportError:
+            use_engine = False
+    target: Target | None = None
+    gen: Any
+    dtype_name = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}[dtype]
+    max_len = a.max_prompt_length + a.max_new_tokens
+    if use_engine:
+        gen = EngineGenerator(
+            target_path,
+            dtype=dtype_name,
+            device=device.type,
+            max_model_len=max_len,
+            max_num_seqs=a.gen_batch_size,
+        )
+        tokenizer = gen.tokenizer()
+        gen.stops = stop_token_ids(tokenizer)
+    else:
+        tokenizer = load_tokenizer(target_path)
+        target = load_target(target_path, device, dtype)
+        stops = stop_token_ids(tokenizer, target.config)
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stops[0]
+        gen = HFGenerator(target.model, stops, int(pad), a.gen_batch_size)
+    try:
+        n_self = 0
+        if a.self_prompts:
+            asks = self_question_prompts(a.self_prompts, seed=a.seed)
+            outs = gen.generate(chat_prompt_ids(tokenizer, asks), 64, 0.8, seed=a.seed + 1)
+            qs = [clean_question(tokenizer.decode(o, skip_special_tokens=True)) for o in outs]
+            uniq = list(dict.fromkeys(q for q in qs if q))
+            n_self = len(uniq)
+            prompts = prompts + uniq
+        if a.num_prompts is not None:
+            prompts = prompts[: a.num_prompts]
+        prompt_ids = [p for p in chat_prompt_ids(tokenizer, prompts) if len(p) <= a.max_prompt_length]
+        if not prompt_ids:
+            raise TrainError("no usable prompts (all longer than --max-prompt-length?)")
+        _log(f"generating {len(prompt_ids)} responses with the {gen.name} generator")
+        responses = gen.generate(prompt_ids, a.max_new_tokens, a.gen_temperature, seed=a.seed)
+    finally:
+        gen.close()
+    samples = [make_sample(p, r) for p, r in zip(prompt_ids, responses) if r]
+    save_samples(samples, data_path)
+    stats = dict(
+        generator=gen.name,
+        prompts=len(prompt_ids),
+        self_prompts=n_self,
+        samples=len(samples),
+        response_tokens=sum(len(r) for r in responses),
+        seconds=round(time.time() - t0, 1),
+    )
+    _log(f"wrote {len(samples)} samples to {data_path} ({stats['response_tokens']} response tokens, {stats['seconds']} s)")
+    return samples, target, tokenizer, stats
+
+
+def _build_drafter(
+    a: argparse.Namespace, target: Target, samples: list[Sample], tokenizer: Any
+) -> DFlashDrafter | Eagle3Drafter:
+    cfg = target.config
+    n_layers = target.num_layers
+    common = dict(
+        hidden_size=target.hidden_size,
+        intermediate_size=a.intermediate_size or int(cfg.intermediate_size),
+        num_attention_heads=int(cfg.num_attention_heads),
+        num_key_value_heads=int(getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads),
+        head_dim=target.head_dim,
+        vocab_size=target.vocab_size,
+        num_target_layers=n_layers,
+        target_hidden_size=target.hidden_size,
+        rms_norm_eps=float(getattr(cfg, "rms_norm_eps", 1e-6)),
+        rope_theta=target.rope_theta,
+        rope_scaling=target.rope_scaling,
+        max_position_embeddings=int(getattr(cfg, "max_position_embeddings", 4096)),
+    )
+    drafter: DFlashDrafter | Eagle3Drafter
+    if a.method == "dflash":
+        layers = a.num_layers or 5
+        ids = a.target_layer_ids or default_dflash_layer_ids(n_layers, layers)
+        if any(not 0 <= i < n_layers for i in ids):
+            raise TrainError(f"--target-layer-ids must be in [0, {n_layers - 1}] for this target, got {ids}")
+        mask_id = a.mask_token_id
+        if mask_id is None:
+            mask_id = pick_mask_token_id(tokenizer, samples, target.vocab_size)
+        if not 0 <= mask_id < target.vocab_size:
+            raise TrainError(f"--mask-token-id must be in [0, {target.vocab_size - 1}], got {mask_id}")
+        dcfg = DFlashConfig(
+            **common,
+            num_hidden_layers=layers,
+            target_layer_ids=list(ids),
+            block_size=a.block_size,
+            mask_token_id=int(mask_id),
+        )
+        drafter = DFlashDrafter(dcfg)
+        target.tap_indices = [i + 1 for i in ids]  # DFlash id i = output of layer i
+    else:
+        if a.num_layers not in (None, 1):
+            raise TrainError("EAGLE-3 drafters have exactly one layer (--num-layers 1)")
+        ids = a.target_layer_ids or default_eagle3_layer_ids(n_layers)
+        if any(not 0 <= i < n_layers for i in ids):
+            raise TrainError(f"--target-layer-ids must be in [0, {n_layers - 1}] for this target, got {ids}")
+        dv = a.draft_vocab_size
+        if dv is None and target.vocab_size > 65536:
+            dv = 32000
+        if dv is not None and dv > target.vocab_size:
+            raise TrainError(f"--draft-vocab-size must be <= the target vocab ({target.vocab_size})")
+        ecfg = Eagle3Config(**common, num_hidden_layers=1, target_layer_ids=list(ids), draft_vocab_size=dv)
+        draft_ids = None
+        if not ecfg.shares_lm_head:
+            counts = token_counts(samples, target.vocab_size)
+            draft_ids = torch.argsort(counts, descending=True, stable=True)[: int(dv)]  # type: ignore[arg-type]
+        drafter = Eagle3Drafter(ecfg, draft_token_ids=draft_ids)
+        if drafter.lm_head is not None:
+            with torch.no_grad():
+                drafter.lm_head.weight.copy_(target.lm_head_weight[drafter.draft_token_ids.cpu()].float().cpu())
+        target.tap_indices = list(ids)  # vLLM EAGLE-3 id i = the residual stream entering layer i
+    rope = target.rope_inv_freq()
+    if rope is not None:
+        drafter.rotary.set_inv_freq(*rope)
+    return drafter
+
+
+def run(a: argparse.Namespace) -> TrainResult:
+    """Generate data (unless ``--data``), train and export. Returns the trained drafter (rank 0 exports)."""
+    _validate(a)
+    for spec in a.prompts:  # refuse evaluation sets before loading anything
+        check_not_eval_set(spec.rsplit(":", 1)[0] if not os.path.exists(spec) else spec)
+    device = _setup_distributed(a.device)
+    rank, world, _ = dist_info()
+    dtype = (torch.bfloat16 if device.type == "cuda" else torch.float32) if a.dtype == "auto" else _DTYPES[a.dtype]
+    torch.manual_seed(a.seed)
+    work = a.work_dir or a.output
+    os.makedirs(work, exist_ok=True)
+    data_path = a.data or os.path.join(work, "data.jsonl")
+    target_path = resolve_target_path(a.target)
+    target: Target | None = None
+    tokenizer: Any = None
+    gen_stats: dict[str, Any] = {}
+    if a.data is None:
+        if rank == 0:
+            samples, target, tokenizer, gen_stats = _generate_data(a, target_path, device, dtype, data_path)
+        if world > 1:
+            import torch.distributed as dist
+
+            dist.barrier()
+        if rank != 0:
+            samples = load_samples(data_path)
+    else:
+        samples = load_samples(data_path)
+    if a.generate_only:
+        return TrainResult(None, a.output, data_path, dict(generation=gen_stats))
+    if target is None:
+        target = load_target(target_path, device, dtype)
+    if tokenizer is None and a.method == "dflash" and a.mask_token_id is None:
+        try:
+            tokenizer = load_tokenizer(target_path)
+        except Exception:  # noqa: BLE001 - a tokenizer only refines the mask-token choice
+            tokenizer = None
+    for s in samples:
+        if max(s.input_ids) >= target.vocab_size or min(s.input_ids) < 0:
+            raise TrainError(f"{data_path}: token ids outside the target vocab ({target.vocab_size})")
+    drafter = _build_drafter(a, target, samples, tokenizer)
+    targs = TrainArgs(
+        work_dir=work,
+        epochs=a.epochs,
+        max_steps=a.max_steps,
+        batch_size=a.batch_size,
+        lr=a.lr,
+        warmup_ratio=a.warmup_ratio,
+        weight_decay=a.weight_decay,
+        max_grad_norm=a.max_grad_norm,
+        max_length=a.max_length,
+        save_every=a.save_every,
+        resume=a.resume,
+        seed=a.seed,
+        num_anchors=a.num_anchors,
+        gamma=a.gamma,
+        ttt_steps=a.ttt_steps,
+        attn_backend=a.attn_backend,
+        log_every=a.log_every,
+        stop_after=a.stop_after,
+        progress=not a.no_progress,
+    )
+    trainer = Trainer(drafter, target, samples, targs)
+    n_params = sum(p.numel() for p in drafter.parameters())
+    _log(
+        f"{a.method}: {n_params / 1e6:.2f}M trainable params, {len(samples)} samples, "
+        f"{trainer.total_steps} steps x {a.batch_size} seqs x {world} procs, taps {target.tap_indices}"
+    )
+    metrics = trainer.train()
+    if rank == 0:
+        info = dict(
+            command="specserve train " + " ".join(a.argv) if hasattr(a, "argv") else None,
+            method=a.method,
+            target=target_path,
+            data=dict(
+                path=os.path.abspath(data_path),
+                samples=len(samples),
+                tokens=sum(len(s.input_ids) for s in samples),
+                loss_tokens=sum(sum(s.loss_mask) for s in samples),
+                prompts=a.prompts,
+                generation=gen_stats,
+            ),
+            params=n_params,
+            world_size=world,
+            args={k: v for k, v in vars(a).items() if k != "argv"},
+            train={k: v for k, v in metrics.items() if k != "history"},
+            history=metrics["history"],
+        )
+        paths = export_drafter(drafter, a.output, info)
+        size = os.path.getsize(paths["weights"])
+        _log(f"exported {a.method} drafter to {a.output} ({size / 1e6:.2f} MB); final {metrics['final']}")
+    return TrainResult(drafter, a.output, data_path, metrics)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    a = build_parser().parse_args(argv)
+    a.argv = argv
+    return a
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``specserve train`` (``argv`` excludes 'train'). Returns 0, or 2 on a user error."""
+    try:
+        run(parse_args(argv))
+    except SystemExit as e:  # --help
+        return int(e.code or 0) if not isinstance(e.code, str) else 2
+    except (TrainError, FileNotFoundError) as e:
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        print(f"specserve train: error: {msg}", file=sys.stderr)
+        return 2
+    finally:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized() and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,408 @@
+"""Trainable drafters: DFlash (z-lab ``DFlashDraftModel``) and EAGLE-3 (``LlamaForCausalLMEagle3``).
+
+Parameter names equal the checkpoint names, so ``state_dict()`` is the exported weight set. Neither module
+owns an embedding or (by default) an LM head: the target's frozen ``embed_tokens`` / ``lm_head`` weights
+are passed in by the caller.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+# --------------------------------------------------------------------------------------------- configs
+
+
+@dataclass
+class DrafterConfig:
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    vocab_size: int
+    target_layer_ids: list[int]
+    num_target_layers: int
+    target_hidden_size: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_scaling: dict | None = None
+    max_position_embeddings: int = 4096
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class DFlashConfig(DrafterConfig):
+    block_size: int = 16
+    mask_token_id: int = 0
+
+
+@dataclass
+class Eagle3Config(DrafterConfig):
+    draft_vocab_size: int | None = None  # None: = vocab_size, LM head shared with the target
+
+    @property
+    def shares_lm_head(self) -> bool:
+        return self.draft_vocab_size is None or self.draft_vocab_size == self.vocab_size
+
+
+def default_dflash_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
+    """z-lab ``build_target_layer_ids``: ``[N//2]`` for one layer, else evenly spaced in ``[1, N-3]``."""
+    n = num_target_layers
+    if num_draft_layers == 1:
+        return [n // 2]
+    start, end = min(1, n - 1), max(min(1, n - 1), n - 3)
+    ids = [int(round(start + i * (end - start) / (num_draft_layers - 1))) for i in range(num_draft_layers)]
+    return sorted(set(ids))
+
+
+def default_eagle3_layer_ids(num_target_layers: int) -> list[int]:
+    """vLLM's default EAGLE-3 aux layers ``(2, L//2, L-3)`` (the residual stream *entering* those layers)."""
+    n = num_target_layers
+    return [min(2, n - 1), n // 2, max(n - 3, 0)]
+
+
+# ---------------------------------------------------------------------------------------------- blocks
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (self.weight.float() * x).to(dtype)
+
+
+class MLP(nn.Module):
+    def __init__(self, hidden: int, intermediate: int) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.up_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Rotary(nn.Module):
+    """Neox-style (rotate_half) RoPE, as HF Llama/Qwen. ``inv_freq`` may be overridden by the target's.
+
+    The frequencies are a plain fp32 attribute (not a buffer): never saved, never cast to bf16.
+    """
+
+    def __init__(self, head_dim: int, theta: float) -> None:
+        super().__init__()
+        self.inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+        self.scaling = 1.0
+
+    def set_inv_freq(self, inv_freq: torch.Tensor, scaling: float = 1.0) -> None:
+        if inv_freq.shape == self.inv_freq.shape:
+            self.inv_freq = inv_freq.detach().float().cpu()
+            self.scaling = scaling
+
+    def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """positions ``[B, T]`` -> cos, sin ``[B, 1, T, head_dim]`` (fp32)."""
+        if self.inv_freq.device != positions.device:
+            self.inv_freq = self.inv_freq.to(positions.device)
+        freqs = positions[..., None].float() * self.inv_freq
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return (emb.cos() * self.scaling)[:, None], (emb.sin() * self.scaling)[:, None]
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x ``[B, h, T, d]``."""
+    d = x.shape[-1] // 2
+    rot = torch.cat((-x[..., d:], x[..., :d]), dim=-1)
+    return (x.float() * cos + rot.float() * sin).to(x.dtype)
+
+
+def _heads(x: torch.Tensor, n: int, d: int) -> torch.Tensor:
+    b, t, _ = x.shape
+    return x.view(b, t, n, d).transpose(1, 2)
+
+
+# ---------------------------------------------------------------------------------------------- DFlash
+
+
+class DFlashAttention(nn.Module):
+    def __init__(self, cfg: DFlashConfig) -> None:
+        super().__init__()
+        self.nh, self.nkv, self.hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        h = cfg.hidden_size
+        self.q_proj = nn.Linear(h, self.nh * self.hd, bias=False)
+        self.k_proj = nn.Linear(h, self.nkv * self.hd, bias=False)
+        self.v_proj = nn.Linear(h, self.nkv * self.hd, bias=False)
+        self.o_proj = nn.Linear(self.nh * self.hd, h, bias=False)
+        self.q_norm = RMSNorm(self.hd, cfg.rms_norm_eps)
+        self.k_norm = RMSNorm(self.hd, cfg.rms_norm_eps)
+        self.block_size = cfg.block_size
+
+    def kv(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        k = apply_rope(self.k_norm(_heads(self.k_proj(x), self.nkv, self.hd)), cos, sin)
+        return k, _heads(self.v_proj(x), self.nkv, self.hd)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        ctx: torch.Tensor,
+        rope_q: tuple[torch.Tensor, torch.Tensor],
+        rope_c: tuple[torch.Tensor, torch.Tensor],
+        ctx_mask: torch.Tensor,
+        backend: str,
+    ) -> torch.Tensor:
+        b, q_len, _ = x.shape
+        q = apply_rope(self.q_norm(_heads(self.q_proj(x), self.nh, self.hd)), *rope_q)
+        kb, vb = self.kv(x, *rope_q)
+        kc, vc = self.kv(ctx, *rope_c)
+        if backend == "sdpa":
+            o = _dense_block_attention(q, kc, vc, kb, vb, ctx_mask, self.block_size)
+        else:
+            o = _split_block_attention(q, kc, vc, kb, vb, ctx_mask, self.block_size)
+        return self.o_proj(o.transpose(1, 2).reshape(b, q_len, self.nh * self.hd))
+
+
+def _block_ids(q_len: int, block: int, device: torch.device) -> torch.Tensor:
+    return torch.arange(q_len, device=device) // block
+
+
+def _dense_block_attention(q, kc, vc, kb, vb, ctx_mask, block):  # type: ignore[no-untyped-def]
+    """Reference: one SDPA over keys ``[context ; all blocks]`` with a dense boolean mask."""
+    q_len = q.shape[2]
+    bid = _block_ids(q_len, block, q.device)
+    blk = (bid[:, None] == bid[None, :]).expand(q.shape[0], q_len, q_len)
+    mask = torch.cat([ctx_mask, blk], dim=-1)[:, None]  # [B, 1, Q, S+Q]
+    k = torch.cat([kc, kb], dim=2)
+    v = torch.cat([vc, vb], dim=2)
+    rep = q.shape[1] // k.shape[1]
+    if rep > 1:
+        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+    return F.scaled_dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), attn_mask=mask)
+
+
+def _split_block_attention(q, kc, vc, kb, vb, ctx_mask, block):  # type: ignore[no-untyped-def]
+    """Same math, O(Q * (S + block)) instead of O(Q * (S + Q)): each query sees the context (masked) and
+    only its own block's keys; one softmax over both parts."""
+    b, nh, q_len, d = q.shape
+    nkv = kc.shape[1]
+    g = nh // nkv
+    n_blk = q_len // block
+    scale = d**-0.5
+    qg = q.reshape(b, nkv, g, q_len, d)
+    s_ctx = torch.matmul(qg.reshape(b, nkv, g * q_len, d), kc.transpose(-1, -2).to(q.dtype))
+    s_ctx = s_ctx.view(b, nkv, g, q_len, -1)
+    qb = qg.view(b, nkv, g, n_blk, block, d)
+    kbb = kb.to(q.dtype).view(b, nkv, 1, n_blk, block, d)
+    s_blk = torch.matmul(qb, kbb.transpose(-1, -2)).view(b, nkv, g, q_len, block)
+    s = kc.shape[2]
+    visible = torch.cat([ctx_mask, ctx_mask.new_ones(b, q_len, block)], dim=-1)[:, None, None]
+    scores = (torch.cat([s_ctx, s_blk], dim=-1).float() * scale).masked_fill(~visible, float("-inf"))
+    p = torch.softmax(scores, dim=-1).to(q.dtype)
+    o_ctx = torch.matmul(p[..., :s].reshape(b, nkv, g * q_len, s), vc.to(q.dtype)).view(b, nkv, g, q_len, d)
+    pb = p[..., s:].reshape(b, nkv, g, n_blk, block, block)
+    o_blk = torch.matmul(pb, vb.to(q.dtype).view(b, nkv, 1, n_blk, block, d)).view(b, nkv, g, q_len, d)
+    return (o_ctx + o_blk).view(b, nh, q_len, d)
+
+
+class DFlashLayer(nn.Module):
+    def __init__(self, cfg: DFlashConfig) -> None:
+        super().__init__()
+        self.self_attn = DFlashAttention(cfg)
+        self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, h, ctx, rope_q, rope_c, ctx_mask, backend):  # type: ignore[no-untyped-def]
+        h = h + self.self_attn(self.input_layernorm(h), ctx, rope_q, rope_c, ctx_mask, backend)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class DFlashDrafter(nn.Module):
+    """Qwen3-style DFlash drafter. Keys/values = [context K/V from the fused target features ; block K/V]."""
+
+    def __init__(self, cfg: DFlashConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        self.layers = nn.ModuleList([DFlashLayer(cfg) for _ in range(cfg.num_hidden_layers)])
+        self.fc = nn.Linear(len(cfg.target_layer_ids) * cfg.target_hidden_size, cfg.hidden_size, bias=False)
+        self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.rotary = Rotary(cfg.head_dim, cfg.rope_theta)
+        init_weights(self)
+
+    def context(self, taps: torch.Tensor) -> torch.Tensor:
+        """Concatenated target taps ``[B, S, n_t*H_t]`` -> context feature ``c`` ``[B, S, H]``."""
+        return self.hidden_norm(self.fc(taps))
+
+    def forward(
+        self,
+        block_embeds: torch.Tensor,
+        taps: torch.Tensor,
+        block_positions: torch.Tensor,
+        ctx_positions: torch.Tensor,
+        ctx_mask: torch.Tensor,
+        backend: str = "split",
+    ) -> torch.Tensor:
+        """One drafting pass over ``Q = n_blocks * block_size`` block tokens.
+
+        block_embeds ``[B, Q, H]`` (target embeddings of ``[x_a, MASK, ...]``), taps ``[B, S, n_t*H_t]``,
+        block_positions ``[B, Q]``, ctx_positions ``[B, S]``, ctx_mask ``[B, Q, S]`` (True: the query may
+        attend to that context position). Every query also sees all keys of its own block (non-causal).
+        Returns the final-normed hidden ``[B, Q, H]`` (feed to the target's ``lm_head``).
+        """
+        ctx = self.context(taps)
+        rope_q = self.rotary(block_positions)
+        rope_c = self.rotary(ctx_positions)
+        h = block_embeds
+        for layer in self.layers:
+            h = layer(h, ctx, rope_q, rope_c, ctx_mask, backend)
+        return self.norm(h)
+
+
+# ---------------------------------------------------------------------------------------------- EAGLE-3
+
+
+class Eagle3Attention(nn.Module):
+    def __init__(self, cfg: Eagle3Config) -> None:
+        super().__init__()
+        self.nh, self.nkv, self.hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        h = cfg.hidden_size
+        self.q_proj = nn.Linear(2 * h, self.nh * self.hd, bias=False)
+        self.k_proj = nn.Linear(2 * h, self.nkv * self.hd, bias=False)
+        self.v_proj = nn.Linear(2 * h, self.nkv * self.hd, bias=False)
+        self.o_proj = nn.Linear(self.nh * self.hd, h, bias=False)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        cache: list[tuple[torch.Tensor, torch.Tensor]],
+    ) -> torch.Tensor:
+        """Training-time-test attention. ``cache`` holds the K/V of the previous unrolled steps (appended to).
+
+        Step 0 is causal over step-0 keys; a step-j query at index t also sees the step-1..j keys at the same
+        index t (the drafter's own earlier predictions for that draft chain), as at inference.
+        """
+        b, s, _ = x.shape
+        q = apply_rope(_heads(self.q_proj(x), self.nh, self.hd), *rope)
+        k = apply_rope(_heads(self.k_proj(x), self.nkv, self.hd), *rope)
+        v = _heads(self.v_proj(x), self.nkv, self.hd)
+        cache.append((k, v))
+        g = self.nh // self.nkv
+        scale = self.hd**-0.5
+        qg = q.reshape(b, self.nkv, g * s, self.hd)
+        k0, v0 = cache[0]
+        s0 = torch.matmul(qg, k0.transpose(-1, -2)).view(b, self.nkv, g, s, s)
+        parts = [s0]
+        q5 = q.view(b, self.nkv, g, s, self.hd)
+        for kj, _ in cache[1:]:
+            parts.append((q5 * kj[:, :, None]).sum(-1, keepdim=True))
+        visible = torch.ones(s, s + len(cache) - 1, dtype=torch.bool, device=x.device)
+        visible[:, :s] = visible[:, :s].tril()
+        scores = (torch.cat(parts, dim=-1).float() * scale).masked_fill(~visible, float("-inf"))
+        p = torch.softmax(scores, dim=-1).to(q.dtype)
+        o = torch.matmul(p[..., :s].reshape(b, self.nkv, g * s, s), v0).view(b, self.nkv, g, s, self.hd)
+        for j, (_, vj) in enumerate(cache[1:]):
+            o = o + p[..., s + j : s + j + 1] * vj[:, :, None]
+        return self.o_proj(o.reshape(b, self.nh, s, self.hd).transpose(1, 2).reshape(b, s, self.nh * self.hd))
+
+
+class Eagle3Layer(nn.Module):
+    def __init__(self, cfg: Eagle3Config) -> None:
+        super().__init__()
+        self.self_attn = Eagle3Attention(cfg)
+        self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, embeds, hidden, rope, cache):  # type: ignore[no-untyped-def]
+        x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)
+        h = hidden + self.self_attn(x, rope, cache)  # residual = the un-normed incoming hidden
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class Eagle3Drafter(nn.Module):
+    """One-layer EAGLE-3 head (``LlamaForCausalLMEagle3``)."""
+
+    def __init__(self, cfg: Eagle3Config, draft_token_ids: torch.Tensor | None = None) -> None:
+        super().__init__()
+        self.config = cfg
+        self.midlayer = Eagle3Layer(cfg)
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.fc = nn.Linear(3 * cfg.target_hidden_size, cfg.hidden_size, bias=False)
+        self.rotary = Rotary(cfg.head_dim, cfg.rope_theta)
+        v = cfg.vocab_size
+        if cfg.shares_lm_head:
+            self.lm_head = None
+            self.register_buffer("d2t", torch.zeros(v, dtype=torch.long))
+            self.register_buffer("t2d", torch.ones(v, dtype=torch.bool))
+        else:
+            dv = int(cfg.draft_vocab_size or v)
+            ids = torch.arange(dv) if draft_token_ids is None else torch.as_tensor(draft_token_ids).long().sort()[0]
+            if ids.numel() != dv:
+                raise ValueError(f"draft_token_ids has {ids.numel()} entries, expected {dv}")
+            self.lm_head = nn.Linear(cfg.hidden_size, dv, bias=False)
+            self.register_buffer("d2t", ids - torch.arange(dv))
+            t2d = torch.zeros(v, dtype=torch.bool)
+            t2d[ids] = True
+            self.register_buffer("t2d", t2d)
+        init_weights(self)
+
+    @property
+    def draft_token_ids(self) -> torch.Tensor:
+        return torch.arange(self.d2t.numel(), device=self.d2t.device) + self.d2t
+
+    def target_to_draft(self) -> torch.Tensor:
+        """``[V]`` long: draft id of each target id, -1 where the target token is not in the draft vocab."""
+        m = torch.full((self.t2d.numel(),), -1, dtype=torch.long, device=self.d2t.device)
+        m[self.draft_token_ids] = torch.arange(self.d2t.numel(), device=self.d2t.device)
+        return m
+
+    def combine(self, taps: torch.Tensor) -> torch.Tensor:
+        return self.fc(taps)
+
+    def step(
+        self,
+        embeds: torch.Tensor,
+        hidden: torch.Tensor,
+        positions: torch.Tensor,
+        cache: list[tuple[torch.Tensor, torch.Tensor]],
+    ) -> torch.Tensor:
+        """One unrolled step. Returns the pre-norm output (next step's hidden); logits = lm_head(norm(out))."""
+        return self.midlayer(embeds, hidden, self.rotary(positions), cache)
+
+    def lm_head_weight(self, target_lm_head: torch.Tensor) -> torch.Tensor:
+        return target_lm_head if self.lm_head is None else self.lm_head.weight
+
+
+# ---------------------------------------------------------------------------------------------- init
+
+
+def init_weights(module: nn.Module, std: float = 0.02) -> None:
+    for m in module.modules():
+        if isinstance(m, nn.Linear):
+            nn.init.normal_(m.weight, std=std)
+        elif isinstance(m, RMSNorm):
+            nn.init.ones_(m.weight)
+    for name, p in module.named_parameters():
+        if name.endswith(("o_proj.weight", "down_proj.weight")):  # GPT-2 style residual scaling
+            nn.init.normal_(p, std=std / math.sqrt(2 * max(1, _n_layers(module))))
+
+
+def _n_layers(module: nn.Module) -> int:
+    cfg = getattr(module, "config", None)
+    return int(getattr(cfg, "num_hidden_layers", 1) or 1)

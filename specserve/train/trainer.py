@@ -1,0 +1,278 @@
+"""The training loop: AdamW + warmup/cosine, bf16 autocast on CUDA, grad clipping, checkpoint/resume, DDP."""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from specserve.train.data import Sample, batch_plan, collate
+from specserve.train.losses import DFlashObjective, Eagle3Objective, sample_anchors, summarize
+from specserve.train.models import DFlashDrafter, Eagle3Drafter
+from specserve.train.target import Target, TrainError
+
+CHECKPOINT_NAME = "checkpoint.pt"
+
+
+@dataclass
+class TrainArgs:
+    work_dir: str
+    epochs: float = 1.0
+    max_steps: int | None = None
+    batch_size: int = 8
+    lr: float = 6e-4
+    warmup_ratio: float = 0.04
+    min_lr_ratio: float = 0.0
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    max_length: int = 2048
+    save_every: int = 0
+    resume: bool = False
+    seed: int = 0
+    num_anchors: int = 512
+    gamma: float | None = None
+    ttt_steps: int = 7
+    attn_backend: str = "auto"
+    ce_chunk: int = 8192
+    log_every: int = 10
+    stop_after: int | None = None  # stop early (as if interrupted) after this step; schedule unchanged
+    progress: bool = True
+
+
+def dist_info() -> tuple[int, int, int]:
+    """(rank, world_size, local_rank) of an initialised process group, else (0, 1, 0)."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", dist.get_rank()))
+    return 0, 1, 0
+
+
+def cosine_schedule(step: int, total: int, warmup: int, min_ratio: float) -> float:
+    if warmup > 0 and step < warmup:
+        return (step + 1) / warmup
+    progress = (step - warmup) / max(1, total - warmup)
+    return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
+
+class Trainer:
+    def __init__(
+        self,
+        drafter: DFlashDrafter | Eagle3Drafter,
+        target: Target,
+        samples: list[Sample],
+        args: TrainArgs,
+    ) -> None:
+        self.rank, self.world, self.local_rank = dist_info()
+        self.args = args
+        self.target = target
+        self.device = target.device
+        self.samples = samples
+        self.lengths = [min(len(s.input_ids), args.max_length) for s in samples]
+        self.drafter = drafter.to(self.device)
+        self.is_dflash = isinstance(drafter, DFlashDrafter)
+        self.autocast = self.device.type == "cuda" and target.dtype in (torch.bfloat16, torch.float16)
+        backend = args.attn_backend
+        if backend == "auto":
+            backend = "split"
+        if backend not in ("split", "sdpa"):
+            raise TrainError(f"unknown attention backend {backend!r} (split, sdpa)")
+        embed, head = target.embed_weight.detach(), target.lm_head_weight.detach()
+        obj: nn.Module
+        if self.is_dflash:
+            obj = DFlashObjective(drafter, embed, head, args.gamma, backend, args.ce_chunk)  # type: ignore[arg-type]
+        else:
+            obj = Eagle3Objective(drafter, embed, head, args.ttt_steps, ce_chunk=args.ce_chunk)  # type: ignore[arg-type]
+        self.objective = obj
+        if self.world > 1:
+            from torch.nn.parallel import DistributedDataParallel as DDP
+
+            ids = [self.device.index] if self.device.type == "cuda" else None
+            self.model: nn.Module = DDP(obj, device_ids=ids, broadcast_buffers=False)
+        else:
+            self.model = obj
+        params = [p for p in drafter.parameters() if p.requires_grad]
+        fused = self.device.type == "cuda"
+        self.optimizer = torch.optim.AdamW(
+            params, lr=args.lr, betas=(0.9, 0.95), weight_decay=args.weight_decay, fused=fused
+        )
+        self.steps_per_epoch = len(batch_plan(self.lengths, args.batch_size, 0, args.seed, self.rank, self.world))
+        total = int(math.ceil(args.epochs * self.steps_per_epoch))
+        if args.max_steps is not None:
+            total = min(total, args.max_steps) if args.epochs > 0 else args.max_steps
+        self.total_steps = max(1, total)
+        warmup = int(math.ceil(args.warmup_ratio * self.total_steps))
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda s: cosine_schedule(s, self.total_steps, warmup, args.min_lr_ratio)
+        )
+        self.generator = torch.Generator().manual_seed(args.seed * 7919 + self.rank)
+        self.step = 0
+        self.history: list[dict[str, Any]] = []
+        self.tokens_seen = 0
+
+    # ------------------------------------------------------------------ checkpoints
+
+    @property
+    def checkpoint_path(self) -> str:
+        return os.path.join(self.args.work_dir, CHECKPOINT_NAME)
+
+    def _gather_generator_states(self) -> list[torch.Tensor]:
+        state = self.generator.get_state()
+        if self.world == 1:
+            return [state]
+        out: list[Any] = [None] * self.world
+        dist.all_gather_object(out, state)
+        return out
+
+    def save_checkpoint(self) -> None:
+        gen_states = self._gather_generator_states()  # collective: every rank calls it
+        if self.rank != 0:
+            return
+        os.makedirs(self.args.work_dir, exist_ok=True)
+        state = dict(
+            model=self.drafter.state_dict(),
+            optimizer=self.optimizer.state_dict(),
+            scheduler=self.scheduler.state_dict(),
+            step=self.step,
+            total_steps=self.total_steps,
+            world_size=self.world,
+            tokens_seen=self.tokens_seen,
+            history=self.history,
+            rng=dict(
+                generators=gen_states,
+                torch=torch.get_rng_state(),
+                cuda=torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+                python=random.getstate(),
+                numpy=np.random.get_state(),
+            ),
+        )
+        tmp = self.checkpoint_path + ".tmp"
+        torch.save(state, tmp)
+        os.replace(tmp, self.checkpoint_path)
+
+    def load_checkpoint(self) -> bool:
+        if not os.path.isfile(self.checkpoint_path):
+            return False
+        state = torch.load(self.checkpoint_path, map_location="cpu", weights_only=False)
+        self.drafter.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.step = int(state["step"])
+        self.tokens_seen = int(state.get("tokens_seen", 0))
+        self.history = list(state.get("history", []))
+        rng = state["rng"]
+        gens = rng["generators"]
+        if len(gens) == self.world:
+            self.generator.set_state(gens[self.rank])
+        torch.set_rng_state(rng["torch"])
+        if rng.get("cuda") is not None and torch.cuda.is_available():
+            try:
+                torch.cuda.set_rng_state_all(rng["cuda"])
+            except (RuntimeError, IndexError):
+                pass
+        random.setstate(rng["python"])
+        np.random.set_state(rng["numpy"])
+        return True
+
+    # ------------------------------------------------------------------ loop
+
+    def _reduce(self, stats: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        if self.world == 1:
+            return stats
+        out = {}
+        for k, v in stats.items():
+            v = v.clone()
+            dist.all_reduce(v)
+            out[k] = v / self.world if k == "loss" else v
+        return out
+
+    def train_step(self, idx: list[int]) -> dict[str, torch.Tensor]:
+        args = self.args
+        ids, mask = collate(self.samples, idx, args.max_length)
+        ids = ids.to(self.device, non_blocking=True)
+        mask = mask.to(self.device, non_blocking=True)
+        self.tokens_seen += int(mask.sum()) * self.world
+        taps = self.target.features(ids)
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
+            if self.is_dflash:
+                anchors, valid = sample_anchors(mask, args.num_anchors, self.generator)
+                loss, stats = self.model(taps, ids, mask, anchors, valid)
+            else:
+                loss, stats = self.model(taps, ids, mask)
+        loss.backward()
+        if args.max_grad_norm > 0:
+            torch.nn.utils.clip_grad_norm_(self.drafter.parameters(), args.max_grad_norm)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        return stats
+
+    def train(self) -> dict[str, Any]:
+        from tqdm import tqdm
+
+        args = self.args
+        if args.resume and self.load_checkpoint() and self.rank == 0:
+            print(f"resumed from {self.checkpoint_path} at step {self.step}/{self.total_steps}", flush=True)
+        self.drafter.train()
+        end = self.total_steps if args.stop_after is None else min(self.total_steps, args.stop_after)
+        bar = tqdm(
+            total=self.total_steps,
+            initial=self.step,
+            desc="train " + ("dflash" if self.is_dflash else "eagle3"),
+            disable=not args.progress or self.rank != 0,
+            dynamic_ncols=True,
+        )
+        window: dict[str, torch.Tensor] = {}
+        n_window = 0
+        last: dict[str, Any] = {}
+        t0 = time.time()
+        start_step = self.step
+        while self.step < end:
+            epoch, offset = divmod(self.step, self.steps_per_epoch)
+            plan = batch_plan(self.lengths, args.batch_size, epoch, args.seed, self.rank, self.world)
+            for idx in plan[offset:]:
+                if self.step >= end:
+                    break
+                stats = self.train_step(idx)
+                for k, v in stats.items():
+                    window[k] = window[k] + v.detach() if k in window else v.detach().clone()
+                n_window += 1
+                bar.update(1)
+                if self.step % max(1, args.log_every) == 0 or self.step == end:
+                    red = self._reduce({k: (v / n_window if k == "loss" else v) for k, v in window.items()})
+                    last = summarize(red)
+                    acc = last["acc"]
+                    bar.set_postfix(
+                        loss=f"{last['loss']:.3f}",
+                        acc1=f"{acc[0]:.3f}",
+                        acc_mean=f"{sum(acc) / max(1, len(acc)):.3f}",
+                        tau=f"{last['tau']:.2f}",
+                        lr=f"{self.scheduler.get_last_lr()[0]:.1e}",
+                    )
+                    self.history.append(dict(step=self.step, **last))
+                    window, n_window = {}, 0
+                if args.save_every and self.step % args.save_every == 0:
+                    self.save_checkpoint()
+        bar.close()
+        if args.save_every and self.step % args.save_every != 0:
+            self.save_checkpoint()
+        elapsed = time.time() - t0
+        return dict(
+            steps=self.step,
+            total_steps=self.total_steps,
+            steps_this_run=self.step - start_step,
+            seconds=round(elapsed, 2),
+            tokens_seen=self.tokens_seen,
+            final=last,
+            history=self.history,
+        )
+
+    def args_dict(self) -> dict[str, Any]:
+        return asdict(self.args)
