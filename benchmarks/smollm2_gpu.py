@@ -1,0 +1,135 @@
+"""SmolLM2-135M-Instruct on one GPU: graphs == eager greedy outputs, and tokens/s against HF transformers.
+
+    python benchmarks/smollm2_gpu.py --gguf PATH [--dflash DIR] [--eagle3 DIR] [--tokens 256] [--out FILE]
+
+1. Greedy outputs with CUDA graphs equal those without (--enforce-eager) for 128 tokens, bf16, for plain decode
+   and each speculative method available.
+2. Batch-1 decode tokens/s (256 tokens, greedy, same chat prompts): HF transformers eager, HF with
+   cache_implementation="static" (its automatic torch.compile, warmed up), specserve plain, and specserve
+   with each drafter (acceptance length printed beside), all in this one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+PROMPTS = [
+    "What is the capital of France?",
+    "Write a Python function that checks whether a number is prime.",
+    "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
+    "How many clips did Natalia sell altogether in April and May?",
+    "Give three tips for a good night's sleep.",
+]
+
+
+def specs(args: argparse.Namespace) -> list[dict | None]:
+    out: list[dict | None] = [None, {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2,
+                                     "prompt_lookup_max": 4}]
+    if args.dflash:
+        out += [{"method": "dflash", "model": args.dflash, "num_speculative_tokens": 15},
+                {"method": "dflash", "model": args.dflash, "num_speculative_tokens": 4}]
+    if args.eagle3:
+        out += [{"method": "eagle3", "model": args.eagle3, "num_speculative_tokens": 4},
+                {"method": "eagle3", "model": args.eagle3, "num_speculative_tokens": 7}]
+    return out
+
+
+def name(spec: dict | None) -> str:
+    return "plain" if spec is None else f"{spec['method']} K={spec['num_speculative_tokens']}"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--gguf", required=True)
+    ap.add_argument("--dflash", default=None)
+    ap.add_argument("--eagle3", default=None)
+    ap.add_argument("--tokens", type=int, default=256)
+    ap.add_argument("--skip-hf", action="store_true")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    from specserve import LLM, SamplingParams
+
+    rows: list[dict] = []
+    equal: dict[str, bool] = {}
+    tok = None
+    for spec in specs(args):
+        res = {}
+        for eager in (True, False):
+            llm = LLM(args.gguf, dtype="bfloat16", device="cuda", max_model_len=2048, max_num_seqs=4,
+                      speculative_config=spec, enforce_eager=eager, enable_prefix_caching=False)
+            tok = llm.get_tokenizer()
+            chats = [[{"role": "user", "content": p}] for p in PROMPTS]
+            outs = llm.chat(chats, SamplingParams(temperature=0, max_tokens=128, ignore_eos=True))
+            res[eager] = [o.outputs[0].token_ids for o in outs]
+            if not eager:  # timing: batch 1, one prompt after another
+                llm.chat(chats[:1], SamplingParams(temperature=0, max_tokens=16))
+                m0 = llm.get_metrics()
+                ntok, t0 = 0, time.perf_counter()
+                for c in chats:
+                    o = llm.chat([c], SamplingParams(temperature=0, max_tokens=args.tokens, ignore_eos=True))
+                    ntok += len(o[0].outputs[0].token_ids)
+                dt = time.perf_counter() - t0
+                m1 = llm.get_metrics()
+                d = m1["spec_decode_num_drafts"] - m0["spec_decode_num_drafts"]
+                a = m1["spec_decode_num_accepted_tokens"] - m0["spec_decode_num_accepted_tokens"]
+                rows.append({"engine": "specserve", "config": name(spec), "tokens_per_s": round(ntok / dt, 1),
+                             "acceptance_length": round(1 + a / d, 3) if d else None})
+                print(json.dumps(rows[-1]), flush=True)
+            del llm
+            torch.cuda.empty_cache()
+        equal[name(spec)] = res[True] == res[False]
+        print(f"graphs == eager for {name(spec)}: {equal[name(spec)]}", flush=True)
+
+    if not args.skip_hf:
+        import transformers
+
+        d, f = os.path.split(os.path.abspath(args.gguf))
+        hf = transformers.AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.bfloat16).cuda().eval()
+        assert tok is not None
+        for mode in ("eager", "static"):
+            kw = {"cache_implementation": "static"} if mode == "static" else {}
+            enc = [tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
+                                           return_tensors="pt", return_dict=True)["input_ids"].cuda() for p in PROMPTS]
+            for _ in range(2):  # warm-up (compiles the static-cache forward)
+                hf.generate(enc[0], max_new_tokens=args.tokens, do_sample=False, min_new_tokens=args.tokens, **kw)
+            torch.cuda.synchronize()
+            ntok, t0 = 0, time.perf_counter()
+            for ids in enc:
+                out = hf.generate(ids, max_new_tokens=args.tokens, min_new_tokens=args.tokens, do_sample=False, **kw)
+                ntok += out.shape[1] - ids.shape[1]
+            torch.cuda.synchronize()
+            dt = time.perf_counter() - t0
+            rows.append({"engine": "hf-transformers", "config": mode, "tokens_per_s": round(ntok / dt, 1),
+                         "acceptance_length": None})
+            print(json.dumps(rows[-1]), flush=True)
+
+    hf_static = next((r["tokens_per_s"] for r in rows if r["config"] == "static"), None)
+    print(f"\n{'engine':16} {'config':14} {'tok/s':>8} {'x HF static':>11} {'accept len':>10}")
+    for r in rows:
+        x = f"{r['tokens_per_s'] / hf_static:.2f}" if hf_static else "-"
+        al = f"{r['acceptance_length']:.2f}" if r["acceptance_length"] else "-"
+        print(f"{r['engine']:16} {r['config']:14} {r['tokens_per_s']:>8.1f} {x:>11} {al:>10}")
+    print("graphs == eager (128 greedy tokens, 4 prompts, bf16):", json.dumps(equal))
+    try:
+        rev = subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True).strip()
+    except Exception:  # noqa: BLE001
+        rev = "unknown"
+    out = Path(args.out or f"benchmarks/results/smollm2_gpu-{time.strftime('%Y%m%d-%H%M%S')}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"command": " ".join(["python"] + sys.argv), "git_revision": rev,
+                               "gpu": torch.cuda.get_device_name(), "rows": rows, "graphs_equal_eager": equal},
+                              indent=2))
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
