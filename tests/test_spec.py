@@ -318,3 +318,32 @@ def test_spec_metrics_log_line(tiny_qwen3_dir, dflash_dir, caplog):
     with caplog.at_level(logging.INFO, logger="specserve"):
         llm.generate(PROMPTS[0], SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))
     assert any("SpecDecoding metrics: Mean acceptance length" in r.message for r in caplog.records)
+
+
+@pytest.mark.parametrize("method", ["plain", "ngram", "dflash", "eagle3"])
+def test_padded_graph_path_equals_eager(method, tiny_qwen3_dir, baseline, dflash_dir, eagle_dir):
+    """The static-shape path that CUDA graphs replay (padded batch buckets, drafts padded to K, padded drafter
+    batch) gives the same greedy tokens as the eager ragged path; on CPU it runs without capture."""
+    spec = {
+        "plain": None,
+        "ngram": {
+            "method": "ngram",
+            "num_speculative_tokens": 3,
+            "prompt_lookup_min": 1,
+            "prompt_lookup_max": 3,
+        },
+        "dflash": {"method": "dflash", "model": dflash_dir, "num_speculative_tokens": 5},
+        "eagle3": {"method": "eagle3", "model": eagle_dir, "num_speculative_tokens": 3},
+    }[method]
+    llm = LLM(
+        tiny_qwen3_dir,
+        dtype="float32",
+        device="cpu",
+        max_num_seqs=4,
+        speculative_config=spec,
+        padded_decode=True,
+    )
+    assert llm.engine.runner.use_padded
+    sp = SamplingParams(temperature=0, max_tokens=N, ignore_eos=True)
+    outs = [o.outputs[0].token_ids for o in llm.generate(PROMPTS[:3], sp)]  # 3 requests -> bucket 4 (padded)
+    assert outs == baseline[:3]

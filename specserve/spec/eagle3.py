@@ -3,7 +3,7 @@ then K-1 autoregressive steps feeding back the head's pre-norm hidden state."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -59,6 +59,7 @@ class Eagle3Proposer(Proposer):
             raise ValueError("EAGLE-3 head with a different hidden size needs its own embed_tokens.")
         self.runner = runner
         self.cache: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.graphs: Any = None
 
     @property
     def tap_indices(self) -> list[int]:
@@ -78,6 +79,81 @@ class Eagle3Proposer(Proposer):
 
     def bind_kv_caches(self, caches: list[tuple[torch.Tensor, torch.Tensor]], block_size: int) -> None:
         self.cache = caches[0]
+        runner, K = self.runner, self.num_speculative_tokens
+        cfg = runner.config
+        padded = (
+            cfg.padded_decode
+            if cfg.padded_decode is not None
+            else (runner.device.type == "cuda" and not cfg.enforce_eager)
+        )
+        if not padded or K < 2:
+            return
+        from specserve.layers.attention import AttnMetadata
+        from specserve.runner.cuda_graphs import BucketedGraphs, batch_buckets
+
+        dev, max_b = runner.device, cfg.max_num_seqs
+        self.e_tok = torch.zeros(max_b, dtype=torch.long, device=dev)
+        self.e_hidden = torch.zeros((max_b, self.model.cfg.hidden_size), dtype=runner.dtype, device=dev)
+        self.e_base = torch.zeros(max_b, dtype=torch.long, device=dev)
+        self.e_valid = torch.zeros(max_b, dtype=torch.int32, device=dev)
+        self.e_slots = torch.full((K - 1, max_b), -1, dtype=torch.long, device=dev)
+        self.e_bt = torch.zeros((max_b, runner.max_blocks_per_seq), dtype=torch.int32, device=dev)
+        self.e_qsl = torch.arange(max_b + 1, dtype=torch.int32, device=dev)
+
+        def fn(b: int) -> torch.Tensor:
+            tok, hidden, outs = self.e_tok[:b], self.e_hidden[:b], []
+            for step in range(1, K):
+                pos = self.e_base[:b] + step
+                seq = (pos + 1).to(torch.int32) * self.e_valid[:b]
+                meta = AttnMetadata(
+                    self.e_qsl[: b + 1],
+                    seq,
+                    self.e_bt[:b],
+                    self.e_slots[step - 1, :b],
+                    max_query_len=1,
+                    max_seq_len=runner.max_model_len + K + 1,
+                )
+                hidden, normed = self.model(self._embed(tok), hidden, pos, meta, self.cache, runner.backend)
+                tok = self._draft_tokens(normed)
+                outs.append(tok)
+            return torch.stack(outs, 1)
+
+        capture = dev.type == "cuda" and not cfg.enforce_eager
+        self.graphs = BucketedGraphs("eagle3 draft steps", fn, batch_buckets(max_b), dev, capture)
+
+    def _steps_uniform(
+        self,
+        inputs: list[DraftInput],
+        drafting: list[int],
+        tok: torch.Tensor,
+        hidden: torch.Tensor,
+        last_pos: list[int],
+    ) -> list[list[int]]:
+        """Steps 2..K as one graph replay: static token/hidden/positions/slots for the bucket."""
+        K, runner = self.num_speculative_tokens, self.runner
+        n = len(drafting)
+        b = self.graphs.bucket(n)
+        slots = torch.full((K - 1, b), -1, dtype=torch.long)
+        bt = torch.zeros((b, self.e_bt.shape[1]), dtype=torch.int32)
+        valid = torch.zeros(b, dtype=torch.int32)
+        base = torch.zeros(b, dtype=torch.long)
+        for j, (i, p) in enumerate(zip(drafting, last_pos)):
+            table = inputs[i].block_table
+            slots[:, j] = torch.tensor([runner.slot(table, p + s) for s in range(1, K)])
+            bt[j, : len(table)] = torch.tensor(table, dtype=torch.int32)
+            valid[j], base[j] = 1, p
+        self.e_tok[:n].copy_(tok)
+        self.e_hidden[:n].copy_(hidden)
+        self.e_slots[:, :b].copy_(slots, non_blocking=True)
+        self.e_bt[:b].copy_(bt, non_blocking=True)
+        self.e_valid[:b].copy_(valid, non_blocking=True)
+        self.e_base[:b].copy_(base, non_blocking=True)
+        rest = self.graphs.run(b)[:n]
+        all_drafts = torch.cat([tok[:, None], rest], 1).tolist()
+        out: list[list[int]] = [[] for _ in inputs]
+        for j, i in enumerate(drafting):
+            out[i] = all_drafts[j][: inputs[i].max_drafts]
+        return out
 
     def _embed(self, ids: torch.Tensor) -> torch.Tensor:
         emb = self.model.embed_tokens or self.runner.model.embed_tokens
@@ -119,6 +195,8 @@ class Eagle3Proposer(Proposer):
         drafts = [tok]
         # positions of the last committed row per drafting request
         last_pos = [inputs[i].start + inputs[i].num_valid - 1 for i in drafting]
+        if self.graphs is not None and len(drafting) <= self.graphs.max_batch:
+            return self._steps_uniform(inputs, drafting, tok, hidden, last_pos)
         for step in range(1, self.num_speculative_tokens):
             b = PagedBatch(runner)
             for i, p in zip(drafting, last_pos):
