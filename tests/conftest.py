@@ -9,6 +9,8 @@ import pytest
 import torch
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Triton kernels run under the interpreter on CPU; the flag must be set before anything imports triton
+os.environ.setdefault("TRITON_INTERPRET", "1")
 torch.set_num_threads(1)  # tiny models: threading only adds overhead
 
 REPO = Path(__file__).resolve().parents[1]
