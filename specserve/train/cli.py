@@ -46,10 +46,22 @@ from specserve.train.models import (
     default_dflash_layer_ids,
     default_eagle3_layer_ids,
 )
-from specserve.train.target import Target, TrainError, load_target, load_tokenizer, resolve_target_path
+from specserve.train.target import (
+    Target,
+    TrainError,
+    load_target,
+    load_tokenizer,
+    resolve_target_path,
+    target_max_positions,
+)
 from specserve.train.trainer import TrainArgs, Trainer, dist_info
 
-_DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+_DTYPES = {
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "float32": torch.float32,
+}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -61,18 +73,25 @@ def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="specserve train", description="Train a DFlash or EAGLE-3 drafter for a target model.")
     p.add_argument("method", choices=["dflash", "eagle3"])
     g = p.add_argument_group("target and data")
-    g.add_argument("--target", default=None, help="HF dir / hub id / .gguf file (default: the bundled demo target)")
-    g.add_argument("--prompts", nargs="+", default=[], metavar="FILE[:N]", help=".jsonl/.json/.txt prompt files")
-    g.add_argument("--self-prompts", type=int, default=0, metavar="N", help="add N questions the target writes")
+    g.add_argument(
+        "--target", default=None, help="HF dir / hub id / .gguf file (default: the bundled demo target)"
+    )
+    g.add_argument(
+        "--prompts", nargs="+", default=[], metavar="FILE[:N]", help=".jsonl/.json/.txt prompt files"
+    )
+    g.add_argument(
+        "--self-prompts", type=int, default=0, metavar="N", help="add N questions the target writes"
+    )
     g.add_argument("--data", default=None, help="reuse a generated samples .jsonl (skip generation)")
     g.add_argument("--output", required=True, help="export directory (config.json, model.safetensors)")
     g.add_argument("--work-dir", default=None, help="checkpoints + generated data (default: --output)")
-    g.add_argument("--num-prompts", type=int, default=None)
+    g.add_argument("--num-prompts", type=int, default=None, help="cap on the prompts read from files")
     g.add_argument("--max-new-tokens", type=int, default=512)
     g.add_argument("--max-prompt-length", type=int, default=1024, help="drop longer (templated) prompts")
     g.add_argument("--gen-temperature", type=float, default=0.0)
     g.add_argument("--generator", choices=["auto", "engine", "hf"], default="auto")
     g.add_argument("--gen-batch-size", type=int, default=256, help="hf batch size / engine max_num_seqs")
+    g.add_argument("--gen-procs", type=int, default=1, help="generator processes sharing the device(s)")
     g.add_argument("--generate-only", action="store_true", help="stop after writing the data file")
     m = p.add_argument_group("drafter")
     m.add_argument("--num-layers", type=int, default=None, help="DFlash layers (default 5); EAGLE-3 is 1")
@@ -93,14 +112,18 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--weight-decay", type=float, default=0.0)
     o.add_argument("--max-grad-norm", type=float, default=1.0)
     o.add_argument("--max-length", type=int, default=2048)
-    o.add_argument("--save-every", type=int, default=500, help="checkpoint every N steps (0: only at the end)")
+    o.add_argument(
+        "--save-every", type=int, default=500, help="checkpoint every N steps (0: only at the end)"
+    )
     o.add_argument("--resume", action="store_true", help="continue from <work-dir>/checkpoint.pt")
     o.add_argument("--stop-after", type=int, default=None, help=argparse.SUPPRESS)
     o.add_argument("--attn-backend", choices=["auto", "split", "sdpa"], default="auto")
     o.add_argument("--log-every", type=int, default=10)
     r = p.add_argument_group("runtime")
     r.add_argument("--device", default=None, help="cuda / cpu (default: cuda if available)")
-    r.add_argument("--dtype", default="auto", choices=["auto", *_DTYPES], help="target dtype (auto: bf16 on GPU)")
+    r.add_argument(
+        "--dtype", default="auto", choices=["auto", *_DTYPES], help="target dtype (auto: bf16 on GPU)"
+    )
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--no-progress", action="store_true")
     return p
@@ -111,7 +134,14 @@ def _validate(a: argparse.Namespace) -> None:
         if v is not None and (v < 0 or (v == 0 and not allow_zero)):
             raise TrainError(f"--{name.replace('_', '-')} must be {'>= 0' if allow_zero else '> 0'}, got {v}")
 
-    for name in ("max_new_tokens", "max_prompt_length", "gen_batch_size", "num_anchors", "ttt_steps"):
+    for name in (
+        "max_new_tokens",
+        "max_prompt_length",
+        "gen_batch_size",
+        "gen_procs",
+        "num_anchors",
+        "ttt_steps",
+    ):
         positive(name, getattr(a, name))
     for name in ("batch_size", "max_length", "lr", "num_layers", "intermediate_size", "num_prompts"):
         positive(name, getattr(a, name))
@@ -169,70 +199,160 @@ def _log(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
 
 
-def _generate_data(
-    a: argparse.Namespace, target_path: str, device: torch.device, dtype: torch.dtype, data_path: str
-) -> tuple[list[Sample], Target | None, Any, dict[str, Any]]:
-    """Prompts -> chat template -> responses from the target. Returns samples, the HF target (if loaded
-    for generation), the tokenizer and generation stats."""
-    prompts = load_prompts(a.prompts, seed=a.seed) if a.prompts else []
-    t0 = time.time()
-    use_engine = a.generator == "engine"
-    if a.generator == "auto":
-        try:
-            import specserve.llm  # noqa: F401
+@dataclass
+class GenJob:
+    """One shard of response generation (runs in-process or in a spawned worker)."""
 
-            use_engine = True
-        except ImportError:
-            use_engine = False
-    target: Target | None = None
+    target_path: str
+    generator: str  # "engine" | "hf"
+    device: str
+    dtype: str
+    prompts: list[str]
+    asks: list[str]
+    max_prompt_length: int
+    max_new_tokens: int
+    temperature: float
+    seed: int
+    batch_size: int
+    gpu_memory_utilization: float = 0.5
+    num_gpu_blocks: int | None = None  # engine KV budget; set when several processes share one GPU
+
+
+def generate_samples(job: GenJob, target: Target | None = None) -> tuple[list[Sample], dict[str, int], Any]:
+    """Self-written questions (if any) + prompts -> chat template -> target responses -> samples.
+
+    Returns (samples, counts, tokenizer)."""
+    dtype = _DTYPES[job.dtype]
     gen: Any
-    dtype_name = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}[dtype]
-    max_len = a.max_prompt_length + a.max_new_tokens
-    if use_engine:
+    max_len = job.max_prompt_length + job.max_new_tokens
+    limit = target_max_positions(job.target_path)
+    if limit is not None:
+        max_len = min(max_len, limit)
+    max_prompt = min(job.max_prompt_length, max_len - job.max_new_tokens)  # every prompt gets the full budget
+    if job.generator == "engine":
         gen = EngineGenerator(
-            target_path,
-            dtype=dtype_name,
-            device=device.type,
+            job.target_path,
+            dtype=job.dtype,
+            device=job.device.split(":")[0],
             max_model_len=max_len,
-            max_num_seqs=a.gen_batch_size,
+            max_num_seqs=job.batch_size,
+            gpu_memory_utilization=job.gpu_memory_utilization,
+            num_gpu_blocks=job.num_gpu_blocks,
         )
         tokenizer = gen.tokenizer()
         gen.stops = stop_token_ids(tokenizer)
     else:
-        tokenizer = load_tokenizer(target_path)
-        target = load_target(target_path, device, dtype)
+        tokenizer = load_tokenizer(job.target_path)
+        if target is None:
+            target = load_target(job.target_path, job.device, dtype)
         stops = stop_token_ids(tokenizer, target.config)
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stops[0]
-        gen = HFGenerator(target.model, stops, int(pad), a.gen_batch_size)
+        gen = HFGenerator(target.model, stops, int(pad), job.batch_size)
     try:
+        prompts = list(job.prompts)
         n_self = 0
-        if a.self_prompts:
-            asks = self_question_prompts(a.self_prompts, seed=a.seed)
-            outs = gen.generate(chat_prompt_ids(tokenizer, asks), 64, 0.8, seed=a.seed + 1)
+        if job.asks:
+            outs = gen.generate(chat_prompt_ids(tokenizer, job.asks), 64, 0.8, seed=job.seed + 1)
             qs = [clean_question(tokenizer.decode(o, skip_special_tokens=True)) for o in outs]
             uniq = list(dict.fromkeys(q for q in qs if q))
             n_self = len(uniq)
-            prompts = prompts + uniq
-        if a.num_prompts is not None:
-            prompts = prompts[: a.num_prompts]
-        prompt_ids = [p for p in chat_prompt_ids(tokenizer, prompts) if len(p) <= a.max_prompt_length]
-        if not prompt_ids:
-            raise TrainError("no usable prompts (all longer than --max-prompt-length?)")
-        _log(f"generating {len(prompt_ids)} responses with the {gen.name} generator")
-        responses = gen.generate(prompt_ids, a.max_new_tokens, a.gen_temperature, seed=a.seed)
+            prompts += uniq
+        prompt_ids = [p for p in chat_prompt_ids(tokenizer, prompts) if len(p) <= max_prompt]
+        responses = (
+            gen.generate(prompt_ids, job.max_new_tokens, job.temperature, job.seed) if prompt_ids else []
+        )
     finally:
         gen.close()
     samples = [make_sample(p, r) for p, r in zip(prompt_ids, responses) if r]
-    save_samples(samples, data_path)
-    stats = dict(
-        generator=gen.name,
-        prompts=len(prompt_ids),
-        self_prompts=n_self,
-        samples=len(samples),
-        response_tokens=sum(len(r) for r in responses),
-        seconds=round(time.time() - t0, 1),
+    counts = dict(
+        prompts=len(prompt_ids), self_prompts=n_self, response_tokens=sum(len(r) for r in responses)
     )
-    _log(f"wrote {len(samples)} samples to {data_path} ({stats['response_tokens']} response tokens, {stats['seconds']} s)")
+    return samples, counts, tokenizer
+
+
+def _generate_shard(job: GenJob) -> tuple[list[Sample], dict[str, int]]:
+    samples, counts, _ = generate_samples(job)
+    return samples, counts
+
+
+def _generate_data(
+    a: argparse.Namespace, target_path: str, device: torch.device, dtype: torch.dtype, data_path: str
+) -> tuple[list[Sample], Target | None, Any, dict[str, Any]]:
+    """Prompts -> responses from the target, in ``--gen-procs`` processes. Returns samples, the HF target
+    (if it was loaded in this process for generation), the tokenizer (if loaded) and generation stats."""
+    prompts = load_prompts(a.prompts, seed=a.seed) if a.prompts else []
+    if a.num_prompts is not None:
+        prompts = prompts[: a.num_prompts]
+    asks = self_question_prompts(a.self_prompts, seed=a.seed) if a.self_prompts else []
+    t0 = time.time()
+    generator = a.generator
+    if generator == "auto":
+        try:
+            import specserve.llm  # noqa: F401
+
+            generator = "engine"
+        except ImportError:
+            generator = "hf"
+    procs = max(1, min(a.gen_procs, len(prompts) + len(asks)))
+    dtype_name = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}[dtype]
+    jobs = [
+        GenJob(
+            target_path=target_path,
+            generator=generator,
+            device=str(device),
+            dtype=dtype_name,
+            prompts=prompts[i::procs],
+            asks=asks[i::procs],
+            max_prompt_length=a.max_prompt_length,
+            max_new_tokens=a.max_new_tokens,
+            temperature=a.gen_temperature,
+            seed=a.seed + 1000 * i,
+            batch_size=a.gen_batch_size,
+            gpu_memory_utilization=0.5 if procs == 1 else 0.95,
+            # several engines on one GPU: memory profiling would see the others' allocations, so size each
+            # KV cache explicitly (every sequence at full length, 16-token blocks)
+            num_gpu_blocks=None
+            if procs == 1
+            else a.gen_batch_size * -(-(a.max_prompt_length + a.max_new_tokens) // 16) + 64,
+        )
+        for i in range(procs)
+    ]
+    _log(
+        f"generating responses for {len(prompts)} prompts (+{len(asks)} self-written) with {procs} x {generator}"
+    )
+    target: Target | None = None
+    tokenizer: Any = None
+    if procs == 1:
+        if generator == "hf":
+            target = load_target(target_path, device, dtype)
+        samples, counts, tokenizer = generate_samples(jobs[0], target)
+        results = [(samples, counts)]
+    else:
+        import multiprocessing as mp
+        from concurrent.futures import ProcessPoolExecutor
+
+        with ProcessPoolExecutor(max_workers=procs, mp_context=mp.get_context("spawn")) as pool:
+            results = list(pool.map(_generate_shard, jobs))
+    samples = [s for r in results for s in r[0]]
+    if not samples:
+        raise TrainError("no usable prompts (all longer than --max-prompt-length?)")
+    save_samples(samples, data_path)
+    stats: dict[str, Any] = dict(generator=generator, procs=procs, samples=len(samples))
+    for key in ("prompts", "self_prompts", "response_tokens"):
+        stats[key] = sum(r[1][key] for r in results)
+    stats["seconds"] = round(time.time() - t0, 1)
+    stats.update(
+        sources=list(a.prompts),
+        max_new_tokens=a.max_new_tokens,
+        temperature=a.gen_temperature,
+        target=target_path,
+    )
+    with open(data_path + ".meta.json", "w", encoding="utf-8") as f:
+        json.dump(stats, f, indent=2)
+    _log(
+        f"wrote {len(samples)} samples to {data_path} ({stats['response_tokens']} response tokens, "
+        f"{stats['seconds']} s)"
+    )
     return samples, target, tokenizer, stats
 
 
@@ -241,7 +361,7 @@ def _build_drafter(
 ) -> DFlashDrafter | Eagle3Drafter:
     cfg = target.config
     n_layers = target.num_layers
-    common = dict(
+    common: dict[str, Any] = dict(
         hidden_size=target.hidden_size,
         intermediate_size=a.intermediate_size or int(cfg.intermediate_size),
         num_attention_heads=int(cfg.num_attention_heads),
@@ -294,7 +414,9 @@ def _build_drafter(
         drafter = Eagle3Drafter(ecfg, draft_token_ids=draft_ids)
         if drafter.lm_head is not None:
             with torch.no_grad():
-                drafter.lm_head.weight.copy_(target.lm_head_weight[drafter.draft_token_ids.cpu()].float().cpu())
+                drafter.lm_head.weight.copy_(
+                    target.lm_head_weight[drafter.draft_token_ids.cpu()].float().cpu()
+                )
         target.tap_indices = list(ids)  # vLLM EAGLE-3 id i = the residual stream entering layer i
     rope = target.rope_inv_freq()
     if rope is not None:
@@ -309,7 +431,11 @@ def run(a: argparse.Namespace) -> TrainResult:
         check_not_eval_set(spec.rsplit(":", 1)[0] if not os.path.exists(spec) else spec)
     device = _setup_distributed(a.device)
     rank, world, _ = dist_info()
-    dtype = (torch.bfloat16 if device.type == "cuda" else torch.float32) if a.dtype == "auto" else _DTYPES[a.dtype]
+    dtype = (
+        (torch.bfloat16 if device.type == "cuda" else torch.float32)
+        if a.dtype == "auto"
+        else _DTYPES[a.dtype]
+    )
     torch.manual_seed(a.seed)
     work = a.work_dir or a.output
     os.makedirs(work, exist_ok=True)
@@ -329,6 +455,9 @@ def run(a: argparse.Namespace) -> TrainResult:
             samples = load_samples(data_path)
     else:
         samples = load_samples(data_path)
+        if os.path.isfile(data_path + ".meta.json"):  # how the reused data was generated
+            with open(data_path + ".meta.json", encoding="utf-8") as f:
+                gen_stats = json.load(f)
     if a.generate_only:
         return TrainResult(None, a.output, data_path, dict(generation=gen_stats))
     if target is None:

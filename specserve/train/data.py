@@ -111,7 +111,11 @@ def clean_question(text: str) -> str | None:
     """The first non-empty line of a generated question, unquoted; None if unusable."""
     for line in text.strip().splitlines():
         line = line.strip().strip('"').strip()
-        line = re.sub(r"^(question\s*\d*\s*[:.-]\s*|\d+[.)]\s*|[-*]\s*)", "", line, flags=re.I).strip().strip('"')
+        line = (
+            re.sub(r"^(question\s*\d*\s*[:.-]\s*|\d+[.)]\s*|[-*]\s*)", "", line, flags=re.I)
+            .strip()
+            .strip('"')
+        )
         if 8 <= len(line) <= 500:
             return line
     return None
@@ -155,7 +159,9 @@ def _text_prompts(path: str, rng: random.Random, limit: int | None, chunk_lines:
     with open(path, encoding="utf-8", errors="replace") as f:
         lines = [ln.rstrip() for ln in f]
     is_play = "shakespeare" in os.path.basename(path).lower()
-    head = "Continue this scene in the same style:\n" if is_play else "Continue this text in the same style:\n"
+    head = (
+        "Continue this scene in the same style:\n" if is_play else "Continue this text in the same style:\n"
+    )
     starts = list(range(0, max(1, len(lines) - chunk_lines), chunk_lines))
     rng.shuffle(starts)
     out = []
@@ -360,6 +366,8 @@ class EngineGenerator:
         max_model_len: int,
         max_num_seqs: int,
         stops: Sequence[int] = (),
+        gpu_memory_utilization: float | None = None,
+        num_gpu_blocks: int | None = None,
     ) -> None:
         import inspect
 
@@ -373,6 +381,10 @@ class EngineGenerator:
             max_num_seqs=max_num_seqs,
             enable_prefix_caching=False,
         )
+        if gpu_memory_utilization is not None:
+            kwargs["gpu_memory_utilization"] = gpu_memory_utilization
+        if num_gpu_blocks is not None:
+            kwargs.update(num_gpu_blocks=num_gpu_blocks, block_size=16)
         sig = inspect.signature(LLM.__init__)
         if not any(p.kind == p.VAR_KEYWORD for p in sig.parameters.values()):
             kwargs = {k: v for k, v in kwargs.items() if k in sig.parameters}
@@ -388,13 +400,21 @@ class EngineGenerator:
         from specserve import SamplingParams
 
         params = SamplingParams(temperature=temperature, max_tokens=max_new_tokens, seed=seed)
-        outs = self.llm.generate([{"prompt_token_ids": list(ids)} for ids in prompt_ids], params)
+        batch = [{"prompt_token_ids": list(ids)} for ids in prompt_ids]
+        try:
+            outs = self.llm.generate(batch, params, use_tqdm=True)
+        except TypeError:  # an engine without the use_tqdm option
+            outs = self.llm.generate(batch, params)
         results = []
         for o in outs:
             c = o.outputs[0]
             ids = [int(t) for t in c.token_ids]
             # the loss mask covers the final EOS: add it back if the engine stopped on it without emitting it
-            if getattr(c, "finish_reason", None) == "stop" and self.stops and (not ids or ids[-1] not in self.stops):
+            if (
+                getattr(c, "finish_reason", None) == "stop"
+                and self.stops
+                and (not ids or ids[-1] not in self.stops)
+            ):
                 reason = getattr(c, "stop_reason", None)
                 if reason is None:
                     ids.append(self.stops[0])
@@ -432,8 +452,13 @@ def batch_plan(
     Every rank gets the same number of batches."""
     from torch.utils.data import DistributedSampler
 
-    sampler = DistributedSampler(
-        range(len(lengths)), num_replicas=world_size, rank=rank, shuffle=True, seed=seed, drop_last=False
+    sampler: DistributedSampler[int] = DistributedSampler(
+        range(len(lengths)),  # type: ignore[arg-type]
+        num_replicas=world_size,
+        rank=rank,
+        shuffle=True,
+        seed=seed,
+        drop_last=False,
     )
     sampler.set_epoch(epoch)
     idx = list(sampler)

@@ -8,6 +8,7 @@ checkpointed row chunks so the ``[rows, vocab]`` logits never all live at once.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -44,7 +45,9 @@ def chunked_cross_entropy(
         ces.append(ce)
         oks.append(ok)
     if not ces:
-        return hidden.new_zeros(0, dtype=torch.float32), torch.zeros(0, dtype=torch.bool, device=hidden.device)
+        return hidden.new_zeros(0, dtype=torch.float32), torch.zeros(
+            0, dtype=torch.bool, device=hidden.device
+        )
     return torch.cat(ces), torch.cat(oks)
 
 
@@ -243,7 +246,9 @@ class Eagle3Objective(nn.Module):
         ok_all = torch.zeros(steps, b, s, dtype=torch.bool, device=dev)
         for j in range(steps):
             tok_pos = t + 1 + j
-            tok = torch.where(tok_pos < s, input_ids[:, tok_pos.clamp(max=s - 1)], torch.zeros_like(input_ids))
+            tok = torch.where(
+                tok_pos < s, input_ids[:, tok_pos.clamp(max=s - 1)], torch.zeros_like(input_ids)
+            )
             embeds = F.embedding(tok, self.embed_weight)
             out = d.step(embeds, hidden, (t + j).expand(b, s), cache)
             lab_pos = t + 2 + j
@@ -282,7 +287,7 @@ class Eagle3Objective(nn.Module):
         return loss, stats
 
 
-def summarize(stats: dict[str, torch.Tensor]) -> dict[str, float | list[float]]:
+def summarize(stats: dict[str, torch.Tensor]) -> dict[str, Any]:
     """Accumulated stats -> loss, per-position accuracy and the training acceptance-length proxy."""
     total = stats["pos_total"].clamp(min=1)
     acc = (stats["pos_correct"] / total).tolist()

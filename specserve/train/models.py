@@ -149,9 +149,7 @@ class DFlashAttention(nn.Module):
         self.k_norm = RMSNorm(self.hd, cfg.rms_norm_eps)
         self.block_size = cfg.block_size
 
-    def kv(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def kv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         k = apply_rope(self.k_norm(_heads(self.k_proj(x), self.nkv, self.hd)), cos, sin)
         return k, _heads(self.v_proj(x), self.nkv, self.hd)
 
@@ -338,6 +336,9 @@ class Eagle3Layer(nn.Module):
 class Eagle3Drafter(nn.Module):
     """One-layer EAGLE-3 head (``LlamaForCausalLMEagle3``)."""
 
+    d2t: torch.Tensor
+    t2d: torch.Tensor
+
     def __init__(self, cfg: Eagle3Config, draft_token_ids: torch.Tensor | None = None) -> None:
         super().__init__()
         self.config = cfg
@@ -352,7 +353,11 @@ class Eagle3Drafter(nn.Module):
             self.register_buffer("t2d", torch.ones(v, dtype=torch.bool))
         else:
             dv = int(cfg.draft_vocab_size or v)
-            ids = torch.arange(dv) if draft_token_ids is None else torch.as_tensor(draft_token_ids).long().sort()[0]
+            ids = (
+                torch.arange(dv)
+                if draft_token_ids is None
+                else torch.as_tensor(draft_token_ids).long().sort()[0]
+            )
             if ids.numel() != dv:
                 raise ValueError(f"draft_token_ids has {ids.numel()} entries, expected {dv}")
             self.lm_head = nn.Linear(cfg.hidden_size, dv, bias=False)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -114,7 +114,9 @@ def load_gguf_checkpoint(path: str) -> tuple[dict[str, Any], dict[str, torch.Ten
             a = unpermute(a, n_heads if kind == "attn_q" else n_kv)
         if arch == "llama" and kind in ("attn_q", "attn_k") and suffix == "bias":
             a = unpermute(a[:, None], n_heads if kind == "attn_q" else n_kv)[:, 0]
-        state[f"model.layers.{parts[1]}.{_GGUF_NAMES[kind]}.{suffix}"] = torch.from_numpy(np.ascontiguousarray(a))
+        state[f"model.layers.{parts[1]}.{_GGUF_NAMES[kind]}.{suffix}"] = torch.from_numpy(
+            np.ascontiguousarray(a)
+        )
     vocab = int(get(f"{arch}.vocab_size", state["model.embed_tokens.weight"].shape[0]))
     arch_name = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}[arch]
     config = dict(
@@ -151,7 +153,7 @@ def _load_gguf_model(path: str, dtype: torch.dtype) -> nn.Module:
     with torch.device("meta"):  # skip the (slow) random init; every weight comes from the file
         model = AutoModelForCausalLM.from_config(config)
     model = model.to_empty(device="cpu")
-    for name, mod in list(model.named_modules()):
+    for mod in list(model.modules()):
         if hasattr(mod, "inv_freq") and hasattr(mod, "config"):  # rebuild RoPE buffers lost on meta
             fresh = type(mod)(config=mod.config)
             for bname, buf in fresh.named_buffers(recurse=False):
@@ -161,7 +163,9 @@ def _load_gguf_model(path: str, dtype: torch.dtype) -> nn.Module:
     missing, unexpected = model.load_state_dict(state, strict=False)
     missing = [m for m in missing if not (m == "lm_head.weight" and config.tie_word_embeddings)]
     if missing or unexpected:
-        raise TrainError(f"GGUF weights do not match the model: missing {missing[:3]}, unexpected {unexpected[:3]}")
+        raise TrainError(
+            f"GGUF weights do not match the model: missing {missing[:3]}, unexpected {unexpected[:3]}"
+        )
     if config.tie_word_embeddings:
         model.tie_weights()
     return model.to(dtype)
@@ -172,8 +176,27 @@ def load_tokenizer(path: str) -> Any:
     from transformers import AutoTokenizer
 
     if path.endswith(".gguf"):
-        return AutoTokenizer.from_pretrained(os.path.dirname(os.path.abspath(path)), gguf_file=os.path.basename(path))
+        return AutoTokenizer.from_pretrained(
+            os.path.dirname(os.path.abspath(path)), gguf_file=os.path.basename(path)
+        )
     return AutoTokenizer.from_pretrained(path)
+
+
+def target_max_positions(path: str) -> int | None:
+    """The target's ``max_position_embeddings`` (GGUF ``context_length``) without loading weights."""
+    try:
+        if path.endswith(".gguf"):
+            import gguf
+
+            reader = gguf.GGUFReader(path)
+            arch = reader.fields["general.architecture"].contents()
+            field = reader.fields.get(f"{arch}.context_length")
+            return int(field.contents()) if field is not None else None
+        from transformers import AutoConfig
+
+        return int(getattr(AutoConfig.from_pretrained(path), "max_position_embeddings", 0)) or None
+    except Exception:  # noqa: BLE001 - only a sizing hint
+        return None
 
 
 # ------------------------------------------------------------------------------------------ target
@@ -238,7 +261,8 @@ class Target:
         return self.model.get_output_embeddings().weight
 
     def _decoder(self) -> nn.Module:
-        return self.model.model if hasattr(self.model, "model") else self.model.get_decoder()
+        dec = self.model.model if hasattr(self.model, "model") else self.model.get_decoder()
+        return cast(nn.Module, dec)
 
     @torch.no_grad()
     def features(self, input_ids: torch.Tensor) -> torch.Tensor:

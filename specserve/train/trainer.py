@@ -102,7 +102,9 @@ class Trainer:
         self.optimizer = torch.optim.AdamW(
             params, lr=args.lr, betas=(0.9, 0.95), weight_decay=args.weight_decay, fused=fused
         )
-        self.steps_per_epoch = len(batch_plan(self.lengths, args.batch_size, 0, args.seed, self.rank, self.world))
+        self.steps_per_epoch = len(
+            batch_plan(self.lengths, args.batch_size, 0, args.seed, self.rank, self.world)
+        )
         total = int(math.ceil(args.epochs * self.steps_per_epoch))
         if args.max_steps is not None:
             total = min(total, args.max_steps) if args.epochs > 0 else args.max_steps

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Train the bundled demo drafters for SmolLM2-135M-Instruct on one GPU (budget: ~8 minutes on an H200).
+#
+#   SMOLLM2_GGUF=/path/SmolLM2-135M-Instruct.Q4_1.gguf DATA_DIR=/path/shared/data \
+#       bash benchmarks/train_demo_drafters.sh
+#
+# 1. data: the target itself answers (greedy, <= 384 new tokens, chat template) the allowed prompt sets only:
+#    gsm8k_train, MBPP minus its test split, Spec-Bench translation/summarization/qa/rag (the loader drops the
+#    MT-Bench and math_reasoning records), tinyshakespeare continuation prompts, and ~1000 questions the target
+#    writes itself (topic x style grid). Never mt_bench / gsm8k_test / math500 / HumanEval / eagle/* (the loader
+#    refuses them). 4 engine processes share the GPU: the engine is host-bound at this model size.
+# 2. train DFlash (3 layers, intermediate 704, block 16, taps [1,14,27] -> ~14.6 MB bf16) and EAGLE-3 (1 layer,
+#    intermediate 1280, taps (2,15,27), LM head shared -> ~9.7 MB) at the same time on the same GPU.
+# 3. export to specserve/assets/smollm2-135m-{dflash,eagle3}/ (config.json, model.safetensors, training.json);
+#    copies also land in $OUT when set (the device runner brings $OUT back).
+#
+# Env overrides: WORK_DIR, ASSETS_DIR, GENERATOR (engine|hf|auto), GEN_PROCS, DFLASH_STEPS, EAGLE_STEPS.
+set -euo pipefail
+: "${SMOLLM2_GGUF:?set SMOLLM2_GGUF to SmolLM2-135M-Instruct.Q4_1.gguf}"
+: "${DATA_DIR:?set DATA_DIR to the shared data directory (gsm8k_train.jsonl, corpus/, ...)}"
+cd "$(dirname "$0")/.."
+case "$SMOLLM2_GGUF" in *.gguf)
+    python -c "import gguf" 2>/dev/null || { echo "the gguf package is needed to read $SMOLLM2_GGUF (pip install gguf)" >&2; exit 2; }
+esac
+
+WORK=${WORK_DIR:-/tmp/specserve-train-demo}
+ASSETS=${ASSETS_DIR:-specserve/assets}
+GENERATOR=${GENERATOR:-engine}
+GEN_PROCS=${GEN_PROCS:-4}
+DFLASH_STEPS=${DFLASH_STEPS:-360}   # x 32 sequences ~= 2 epochs of ~5.8k samples, ~3 min
+EAGLE_STEPS=${EAGLE_STEPS:-480}     # x 32 sequences ~= 3 epochs, ~3 min (runs alongside DFlash, ~0.35 s/step)
+mkdir -p "$WORK"
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+T0=$(date +%s)
+TRAIN="python -m specserve.train.cli"
+
+# ---- 1. data (~5.8k prompts, ~1.3M response tokens)
+$TRAIN dflash --target "$SMOLLM2_GGUF" --output "$WORK/data" --work-dir "$WORK/data" --generate-only \
+    --prompts "$DATA_DIR/gsm8k_train.jsonl:3500" "$DATA_DIR/mbpp_sanitized.json" \
+              "$DATA_DIR/spec_bench_question.jsonl" "$DATA_DIR/corpus/tinyshakespeare.txt:800" \
+    --self-prompts 1000 --max-new-tokens 384 --max-prompt-length 1024 --gen-temperature 0 \
+    --generator "$GENERATOR" --gen-procs "$GEN_PROCS" --gen-batch-size 512 --seed 0
+T1=$(date +%s); echo "[demo] data generated in $((T1 - T0)) s" >&2
+
+# ---- 2. train both drafters concurrently
+COMMON=(--target "$SMOLLM2_GGUF" --data "$WORK/data/data.jsonl" --batch-size 32 --max-length 1536
+        --epochs 100 --lr 6e-4 --warmup-ratio 0.04 --save-every 0 --log-every 20 --seed 0 --no-progress)
+$TRAIN dflash "${COMMON[@]}" --output "$ASSETS/smollm2-135m-dflash" --work-dir "$WORK/dflash" \
+    --num-layers 3 --intermediate-size 704 --block-size 16 --num-anchors 256 --max-steps "$DFLASH_STEPS" \
+    > "$WORK/dflash.log" 2>&1 &
+PID_D=$!
+$TRAIN eagle3 "${COMMON[@]}" --output "$ASSETS/smollm2-135m-eagle3" --work-dir "$WORK/eagle3" \
+    --intermediate-size 1280 --ttt-steps 7 --max-steps "$EAGLE_STEPS" \
+    > "$WORK/eagle3.log" 2>&1 &
+PID_E=$!
+RC=0
+wait $PID_D || RC=$?
+wait $PID_E || RC=$?
+tail -n 3 "$WORK/dflash.log" "$WORK/eagle3.log" >&2
+T2=$(date +%s); echo "[demo] trained in $((T2 - T1)) s; total $((T2 - T0)) s" >&2
+[ "$RC" -eq 0 ] || { echo "[demo] training failed (rc $RC); logs in $WORK" >&2; exit "$RC"; }
+
+# ---- 3. results
+ls -l "$ASSETS"/smollm2-135m-{dflash,eagle3}/ >&2
+if [ -n "${OUT:-}" ]; then
+    mkdir -p "$OUT/assets" && cp -r "$ASSETS"/smollm2-135m-{dflash,eagle3} "$OUT/assets/"
+    cp "$WORK"/*.log "$OUT/" 2>/dev/null || true
+fi

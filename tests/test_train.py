@@ -1,0 +1,583 @@
+"""Drafter training (`specserve train dflash|eagle3`): data, masks, objectives, resume, export, DDP."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import socket
+
+import pytest
+import torch
+
+from specserve.train.cli import main, parse_args, run
+from specserve.train.data import (
+    HFGenerator,
+    Sample,
+    check_not_eval_set,
+    load_prompts,
+    load_samples,
+    pick_mask_token_id,
+)
+from specserve.train.export import export_drafter, load_drafter
+from specserve.train.losses import Eagle3Objective, build_dflash_blocks, sample_anchors
+from specserve.train.models import DFlashConfig, DFlashDrafter, Eagle3Config, Eagle3Drafter, apply_rope
+from specserve.train.target import TrainError
+
+VOCAB, HIDDEN = 256, 64
+CYCLE = [17, 42, 99, 123, 7, 200, 64]
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    # tiny tensors: one intra-op thread avoids oversubscription on small CI boxes
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def _write_data(path: str, n: int = 48, seed: int = 0) -> None:
+    """Repetitive synthetic samples: random prompt, then a fixed token cycle from a random phase, then EOS."""
+    rng = random.Random(seed)
+    with open(path, "w") as f:
+        for _ in range(n):
+            p = [1] + [rng.randrange(10, 250) for _ in range(rng.randrange(3, 10))]
+            ph = rng.randrange(len(CYCLE))
+            r = [CYCLE[(ph + k) % len(CYCLE)] for k in range(rng.randrange(24, 40))] + [2]
+            f.write(json.dumps({"input_ids": p + r, "loss_mask": [0] * len(p) + [1] * len(r)}) + "\n")
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    d = tmp_path_factory.mktemp("tiny_llama")
+    torch.manual_seed(0)
+    cfg = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=HIDDEN,
+        intermediate_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=512,
+        rope_theta=10000.0,
+        tie_word_embeddings=False,
+        eos_token_id=2,
+        bos_token_id=1,
+    )
+    LlamaForCausalLM(cfg).save_pretrained(str(d))
+    data = str(d / "data.jsonl")
+    _write_data(data)
+    return {"target": str(d), "data": data}
+
+
+def _dflash_args(tiny: dict[str, str], out: str, *extra: str) -> list[str]:
+    return [
+        "dflash", "--target", tiny["target"], "--data", tiny["data"], "--output", out, "--num-layers", "2",
+        "--block-size", "4", "--num-anchors", "16", "--batch-size", "8", "--lr", "3e-3", "--log-every", "5",
+        "--target-layer-ids", "0", "2", "--no-progress", "--save-every", "0", *extra,
+    ]  # fmt: skip
+
+
+def _eagle_args(tiny: dict[str, str], out: str, *extra: str) -> list[str]:
+    return [
+        "eagle3", "--target", tiny["target"], "--data", tiny["data"], "--output", out, "--ttt-steps", "3",
+        "--batch-size", "8", "--lr", "3e-3", "--log-every", "5", "--no-progress", "--save-every", "0", *extra,
+    ]  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------------ data
+
+
+def test_eval_guard_refuses_eval_sets(tmp_path, capsys):
+    for name in ("mt_bench_question.jsonl", "gsm8k_test.jsonl", "math500_test.jsonl", "HumanEval.jsonl.gz"):
+        with pytest.raises(TrainError):
+            check_not_eval_set(str(tmp_path / name))
+    with pytest.raises(TrainError):
+        check_not_eval_set(str(tmp_path / "eagle" / "alpaca.jsonl"))
+    check_not_eval_set(str(tmp_path / "gsm8k_train.jsonl"))  # allowed
+    bad = tmp_path / "mt_bench_question.jsonl"
+    bad.write_text(json.dumps({"turns": ["hi"], "category": "writing"}) + "\n")
+    rc = main(["dflash", "--prompts", str(bad), "--output", str(tmp_path / "o")])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2
+    assert len(err.splitlines()) == 1 and "evaluation set" in err
+    assert not (tmp_path / "o" / "data.jsonl").exists()
+
+
+def test_cli_user_errors_return_2(tmp_path, tiny, capsys):
+    assert main(["dflash", "--prompts", str(tmp_path / "missing.jsonl"), "--output", str(tmp_path)]) == 2
+    assert main(_dflash_args(tiny, str(tmp_path / "o"), "--block-size", "1")) == 2
+    assert main(["medusa", "--output", str(tmp_path)]) == 2
+    assert main(_eagle_args(tiny, str(tmp_path / "o"), "--target-layer-ids", "1", "2")) == 2
+    errs = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert len(errs) == 4 and all(e.startswith("specserve train: error:") for e in errs)
+
+
+def test_load_prompts_formats(tmp_path):
+    (tmp_path / "spec_bench_question.jsonl").write_text(
+        "\n".join(
+            json.dumps({"category": c, "turns": [f"{c} question", "second turn"]})
+            for c in ("writing", "math_reasoning", "translation", "qa", "mt_bench")
+        )
+    )
+    (tmp_path / "gsm8k_train.jsonl").write_text(
+        "\n".join(json.dumps({"question": f"What is {i}+1?", "answer": "x"}) for i in range(6))
+    )
+    (tmp_path / "mbpp_sanitized.json").write_text(
+        json.dumps([{"task_id": i, "prompt": f"Write function {i}."} for i in (2, 11, 12, 600)])
+    )
+    (tmp_path / "mbpp_sanitized_test.jsonl").write_text(
+        "\n".join(json.dumps({"task_id": i, "prompt": "t"}) for i in (11, 12))
+    )
+    (tmp_path / "tinyshakespeare.txt").write_text(
+        "\n".join(f"ROMEO: line number {i} of the play" for i in range(200))
+    )
+    sb = load_prompts([str(tmp_path / "spec_bench_question.jsonl")])
+    assert sorted(sb) == ["qa question", "translation question"]
+    mb = load_prompts([str(tmp_path / "mbpp_sanitized.json")])
+    assert sorted(mb) == ["Write function 2.", "Write function 600."]
+    gs = load_prompts([str(tmp_path / "gsm8k_train.jsonl") + ":4"])
+    assert len(gs) == 4 and all(g.startswith("What is") for g in gs)
+    assert sum("\\boxed{}" in g for g in gs) == 2
+    sh = load_prompts([str(tmp_path / "tinyshakespeare.txt") + ":3"])
+    assert len(sh) == 3 and all(s.startswith("Continue this scene in the same style:\nROMEO") for s in sh)
+
+
+def test_mask_token_pick_avoids_data_and_stop_tokens():
+    class Tok:
+        eos_token_id, bos_token_id, pad_token_id, unk_token_id = 2, 1, 2, 0
+        all_special_ids = [0, 1, 2, 5]
+        added_tokens_decoder = {}
+
+    samples = [Sample([1, 0, 3, 4], [0, 0, 1, 1])]
+    assert pick_mask_token_id(Tok(), samples, 100) == 5  # pad = eos, unk occurs in data
+    assert pick_mask_token_id(None, samples, 100) == 99
+
+
+def _tiny_tokenizer_target(tmp_path) -> str:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+
+    words = [
+        "<unk>",
+        "<|im_start|>",
+        "<|im_end|>",
+        "user",
+        "assistant",
+        "write",
+        "a",
+        "poem",
+        "about",
+        "cats",
+    ]
+    words += ["dogs", "the", "sea", "why", "is", "sky", "blue", "?"]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    template = (
+        "{% for m in messages %}<|im_start|> {{ m['role'] }} {{ m['content'] }} <|im_end|> {% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|> assistant {% endif %}"
+    )
+    hf_tok = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        unk_token="<unk>",
+        bos_token="<|im_start|>",
+        eos_token="<|im_end|>",
+        chat_template=template,
+    )
+    d = tmp_path / "tiny_qwen3"
+    torch.manual_seed(1)
+    cfg = Qwen3Config(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=16, max_position_embeddings=256, eos_token_id=2, bos_token_id=1,
+        tie_word_embeddings=True,
+    )  # fmt: skip
+    Qwen3ForCausalLM(cfg).save_pretrained(str(d))
+    hf_tok.save_pretrained(str(d))
+    return str(d)
+
+
+def test_generate_with_hf_generator(tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    target = _tiny_tokenizer_target(tmp_path)
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(
+        "\n".join(
+            json.dumps({"question": q}) for q in ("write a poem about cats", "why is the sky blue ?", "a")
+        )
+    )
+    out = tmp_path / "out"
+    args = [
+        "dflash",
+        "--target",
+        target,
+        "--prompts",
+        str(prompts),
+        "--output",
+        str(out),
+        "--generator",
+        "hf",
+    ]
+    args += ["--max-new-tokens", "6", "--gen-batch-size", "2", "--generate-only", "--dtype", "float32"]
+    assert main(args) == 0
+    samples = load_samples(str(out / "data.jsonl"))
+    assert len(samples) == 3
+    meta = json.loads((out / "data.jsonl.meta.json").read_text())
+    assert meta["generator"] == "hf" and meta["prompts"] == 3 and meta["max_new_tokens"] == 6
+    tok = AutoTokenizer.from_pretrained(target)
+    model = AutoModelForCausalLM.from_pretrained(target).eval()
+    for s in samples:
+        n_prompt = s.loss_mask.index(1)
+        assert all(m == 0 for m in s.loss_mask[:n_prompt]) and all(m == 1 for m in s.loss_mask[n_prompt:])
+        prompt = s.input_ids[:n_prompt]
+        assert prompt[:2] == [1, tok.convert_tokens_to_ids("user")] and prompt[-2:] == [1, 4]
+        ref = model.generate(torch.tensor([prompt]), max_new_tokens=6, do_sample=False, eos_token_id=2)
+        ref_resp = ref[0, n_prompt:].tolist()
+        if 2 in ref_resp:
+            ref_resp = ref_resp[: ref_resp.index(2) + 1]
+        assert s.input_ids[n_prompt:] == ref_resp
+    # two spawned generator processes (prompts sharded round-robin) produce the same samples
+    args2 = [x if x != str(out) else str(tmp_path / "out2") for x in args] + ["--gen-procs", "2"]
+    assert main(args2) == 0
+    again = load_samples(str(tmp_path / "out2" / "data.jsonl"))
+    assert sorted(x.input_ids for x in again) == sorted(x.input_ids for x in samples)
+    # padded batches (batch 2, different prompt lengths) give the same tokens as one-by-one generation
+    gen = HFGenerator(model, [2], 0, batch_size=3)
+    assert gen.generate([samples[0].input_ids[:5], samples[1].input_ids[:9]], 4, 0.0) == [
+        HFGenerator(model, [2], 0, batch_size=1).generate([samples[i].input_ids[:n]], 4, 0.0)[0]
+        for i, n in ((0, 5), (1, 9))
+    ]
+
+
+def test_engine_generator_matches_hf_generator(tmp_path):
+    """specserve's own engine (LLM.generate on prompt_token_ids) and HF generate give the same greedy data."""
+    target = _tiny_tokenizer_target(tmp_path)
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(
+        "\n".join(json.dumps({"turns": [q, "x"]}) for q in ("write a poem about cats", "why ?", "a"))
+    )
+    got = {}
+    for g in ("engine", "hf"):
+        args = ["dflash", "--target", target, "--prompts", str(prompts), "--output", str(tmp_path / g)]
+        args += ["--generator", g, "--max-new-tokens", "6", "--gen-batch-size", "2", "--generate-only"]
+        assert main(args + ["--dtype", "float32", "--device", "cpu"]) == 0
+        got[g] = sorted(s.input_ids for s in load_samples(str(tmp_path / g / "data.jsonl")))
+    assert len(got["engine"]) == 3 and got["engine"] == got["hf"]
+
+
+# ------------------------------------------------------------------------------------------ DFlash mask
+
+
+def _dflash(block: int = 4, layers: int = 2) -> DFlashDrafter:
+    torch.manual_seed(0)
+    cfg = DFlashConfig(
+        hidden_size=HIDDEN, intermediate_size=96, num_hidden_layers=layers, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, vocab_size=VOCAB, target_layer_ids=[0, 2], num_target_layers=4,
+        target_hidden_size=HIDDEN, block_size=block, mask_token_id=255,
+    )  # fmt: skip
+    d = DFlashDrafter(cfg)
+    for p in d.parameters():  # non-trivial norms
+        if p.dim() == 1:
+            p.data.uniform_(0.5, 1.5)
+    return d.eval()
+
+
+def _block_logits(d, embed, head, taps, ids, anchors, backend="split"):
+    b, s = ids.shape
+    mask = torch.ones_like(ids)
+    valid = torch.ones_like(anchors, dtype=torch.bool)
+    blk = build_dflash_blocks(ids, mask, anchors, valid, d.config.block_size, d.config.mask_token_id)
+    emb = torch.nn.functional.embedding(blk["block_ids"], embed)
+    ctx_pos = torch.arange(s).expand(b, s)
+    h = d(emb, taps, blk["positions"], ctx_pos, blk["ctx_mask"], backend)
+    return (h @ head.T).view(b, anchors.shape[1], d.config.block_size, -1)
+
+
+def test_dflash_block_attention_mask():
+    d = _dflash()
+    torch.manual_seed(1)
+    s, k = 20, 4
+    embed, head = torch.randn(VOCAB, HIDDEN), torch.randn(VOCAB, HIDDEN)
+    taps = torch.randn(1, s, 2 * HIDDEN)
+    ids = torch.randint(3, 250, (1, s))
+    anchors = torch.tensor([[6, 12, 3]])
+    with torch.no_grad():
+        base = _block_logits(d, embed, head, taps, ids, anchors)
+        # split (efficient) and dense-mask SDPA backends agree
+        dense = _block_logits(d, embed, head, taps, ids, anchors, backend="sdpa")
+        torch.testing.assert_close(base, dense, rtol=1e-4, atol=1e-4)
+        # context at positions >= anchor (and later tokens) cannot influence block 0 (anchor 6)
+        taps2, ids2 = taps.clone(), ids.clone()
+        taps2[:, 6:] += torch.randn_like(taps2[:, 6:]) * 3
+        ids2[0, 7:] = torch.randint(3, 250, (s - 7,))  # keeps x_6 (block 0's first token)
+        pert = _block_logits(d, embed, head, taps2, ids2, anchors)
+        torch.testing.assert_close(pert[:, 0], base[:, 0], rtol=0, atol=1e-5)
+        assert not torch.allclose(pert[:, 1], base[:, 1], atol=1e-3)  # anchor 12 does see positions 6..11
+        # context just before the anchor IS visible
+        taps3 = taps.clone()
+        taps3[:, 5] += 3.0
+        assert not torch.allclose(
+            _block_logits(d, embed, head, taps3, ids, anchors)[:, 0], base[:, 0], atol=1e-3
+        )
+        # its own block is visible (non-causal): changing x_a changes every position of that block only
+        ids4 = ids.clone()
+        ids4[0, 6] = (ids[0, 6] + 1) % 250 + 3
+        own = _block_logits(d, embed, head, taps, ids4, anchors)
+        for j in range(k):
+            assert not torch.allclose(own[0, 0, j], base[0, 0, j], atol=1e-4)
+        torch.testing.assert_close(own[:, 2], base[:, 2], rtol=0, atol=1e-5)  # anchor 3 never sees 6
+        # training forward == an inference-style pass with only the context before the anchor
+        a = 12
+        short = taps[:, : a + 1].clone()
+        short[:, a] = torch.randn(2 * HIDDEN) * 5  # position a itself is not visible either
+        alone = _block_logits(d, embed, head, short, ids[:, : a + 1], torch.tensor([[a]]))
+        torch.testing.assert_close(alone[:, 0], base[:, 1], rtol=1e-4, atol=1e-4)
+
+
+def test_dflash_anchor_sampling_and_labels():
+    mask = torch.tensor([[0, 0, 1, 1, 1, 1, 0, 0], [0, 1, 1, 0, 0, 0, 0, 0]])
+    ids = torch.arange(16).view(2, 8) + 10
+    g = torch.Generator().manual_seed(0)
+    anchors, valid = sample_anchors(mask, 8, g)
+    assert anchors.shape == (2, 3)  # most valid anchors in the batch: row 0 has {2, 3, 4}
+    assert sorted(anchors[0].tolist()) == [2, 3, 4] and valid[0].all()
+    assert valid[1].tolist().count(True) == 1 and anchors[1][valid[1]].tolist() == [1]
+    blk = build_dflash_blocks(ids, mask, anchors, valid, 4, 255)
+    row = anchors[0].tolist().index(3)
+    assert blk["block_ids"][0, row * 4 : row * 4 + 4].tolist() == [13, 255, 255, 255]
+    assert blk["labels"][0, row].tolist() == [13, 14, 15, 16]
+    assert blk["label_ok"][0, row].tolist() == [False, True, True, False]  # position 6 is outside the mask
+    assert blk["ctx_mask"][0, row * 4].tolist() == [True] * 3 + [False] * 5
+
+
+# ------------------------------------------------------------------------------------------ EAGLE-3 TTT
+
+
+def test_eagle3_ttt_matches_naive_chain_drafting():
+    """Training step j at index t equals drafting a chain by hand: step-0 keys at indices <= t, plus the
+    chain's own step-1..j keys; positions t+j; hidden = previous step's pre-norm output."""
+    torch.manual_seed(0)
+    cfg = Eagle3Config(
+        hidden_size=HIDDEN, intermediate_size=96, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=16, vocab_size=VOCAB, target_layer_ids=[0, 1, 2], num_target_layers=4, target_hidden_size=HIDDEN,
+    )  # fmt: skip
+    d = Eagle3Drafter(cfg).eval()
+    s, steps = 12, 3
+    embed, head = torch.randn(VOCAB, HIDDEN), torch.randn(VOCAB, HIDDEN)
+    taps = torch.randn(1, s, 3 * HIDDEN)
+    ids = torch.randint(3, 250, (1, s))
+    captured = []
+    orig_step = d.step
+
+    def spy(*a, **kw):
+        out = orig_step(*a, **kw)
+        captured.append(out.detach())
+        return out
+
+    d.step = spy  # type: ignore[method-assign]
+    obj = Eagle3Objective(d, embed, head, ttt_steps=steps)
+    with torch.no_grad():
+        obj(taps, ids, torch.ones_like(ids))
+    d.step = orig_step  # type: ignore[method-assign]
+
+    layer = d.midlayer
+    att = layer.self_attn
+
+    def qkv(tok: int, hid: torch.Tensor, pos: int):
+        x = torch.cat([layer.input_layernorm(embed[tok]), layer.hidden_norm(hid)])
+        cos, sin = d.rotary(torch.tensor([[pos]]))
+        q = apply_rope(att.q_proj(x).view(1, 4, 1, 16), cos, sin)[0, :, 0]
+        k = apply_rope(att.k_proj(x).view(1, 2, 1, 16), cos, sin)[0, :, 0]
+        return q, k, att.v_proj(x).view(2, 16)
+
+    def finish(hid, q, keys, vals):
+        o = []
+        for h in range(4):
+            kk = torch.stack([k[h // 2] for k in keys])
+            vv = torch.stack([v[h // 2] for v in vals])
+            o.append(torch.softmax(kk @ q[h] / 4.0, 0) @ vv)
+        h1 = hid + att.o_proj(torch.cat(o))
+        return h1 + layer.mlp(layer.post_attention_layernorm(h1))
+
+    with torch.no_grad():
+        f = d.combine(taps)[0]
+        k0, v0 = [], []
+        for t in range(s):
+            tok = int(ids[0, t + 1]) if t + 1 < s else 0
+            _, k, v = qkv(tok, f[t], t)
+            k0.append(k)
+            v0.append(v)
+        for t in (0, 4, 8):
+            keys, vals = k0[: t + 1], v0[: t + 1]
+            hid = f[t]
+            for j in range(steps):
+                tok = int(ids[0, t + 1 + j])
+                q, k, v = qkv(tok, hid, t + j)
+                if j > 0:
+                    keys, vals = keys + [k], vals + [v]
+                hid = finish(hid, q, keys, vals)
+                torch.testing.assert_close(captured[j][0, t], hid, rtol=1e-4, atol=1e-4)
+
+
+# ------------------------------------------------------------------------------------------ training
+
+
+def _first_last(history: list[dict]) -> tuple[dict, dict]:
+    return history[0], history[-1]
+
+
+def test_dflash_training_reduces_loss(tmp_path, tiny):
+    res = run(parse_args(_dflash_args(tiny, str(tmp_path / "o"), "--max-steps", "40", "--epochs", "100")))
+    first, last = _first_last(res.metrics["history"])
+    # the tiny target's LM head has small random weights, so CE falls slowly while top-1 accuracy rises fast
+    assert last["loss"] < first["loss"] - 0.5, res.metrics["history"]
+    assert last["acc"][0] > 0.8 and last["tau"] > first["tau"] + 1.0
+    info = json.loads((tmp_path / "o" / "training.json").read_text())
+    assert info["data"]["samples"] == 48 and info["train"]["steps"] == 40 and info["history"]
+
+
+def test_eagle3_training_reduces_loss(tmp_path, tiny):
+    res = run(parse_args(_eagle_args(tiny, str(tmp_path / "o"), "--max-steps", "30", "--epochs", "100")))
+    first, last = _first_last(res.metrics["history"])
+    assert last["loss"] < first["loss"] - 0.5, res.metrics["history"]
+    assert len(last["acc"]) == 3 and last["acc"][0] > 0.8 and last["tau"] > first["tau"] + 1.0
+
+
+def test_resume_equals_uninterrupted_run(tmp_path, tiny):
+    """Property: 4 steps + checkpoint + --resume to 8 gives bit-identical weights and optimizer state to an
+    uninterrupted 8-step run with the same seed (data order, anchors, LR schedule and RNG all restored)."""
+    part = str(tmp_path / "part")
+    common = ("--max-steps", "8", "--epochs", "100", "--save-every", "4", "--batch-size", "16")
+    # batch 16 x 48 samples = 3 batches per epoch: the resume point (4) lies inside the second epoch
+    full = run(parse_args(_dflash_args(tiny, str(tmp_path / "full"), *common)))
+    first = run(parse_args(_dflash_args(tiny, part, *common, "--stop-after", "4")))
+    assert first.metrics["steps"] == 4
+    ckpt = torch.load(os.path.join(part, "checkpoint.pt"), weights_only=False)
+    assert ckpt["step"] == 4 and ckpt["total_steps"] == 8
+    second = run(parse_args(_dflash_args(tiny, part, *common, "--resume")))
+    assert second.metrics["steps"] == 8 and second.metrics["steps_this_run"] == 4
+    for (name, a), (_, b) in zip(full.drafter.state_dict().items(), second.drafter.state_dict().items()):
+        assert torch.equal(a, b), name
+    assert not torch.equal(first.drafter.fc.weight, second.drafter.fc.weight)
+    c2 = torch.load(os.path.join(part, "checkpoint.pt"), weights_only=False)
+    assert c2["step"] == 8 and c2["scheduler"]["last_epoch"] == 8
+    assert all(int(s["step"]) == 8 for s in c2["optimizer"]["state"].values())
+
+
+# ------------------------------------------------------------------------------------------ export
+
+
+def test_export_dflash_names_config_and_reload(tmp_path):
+    d = _dflash(block=16, layers=2)
+    paths = export_drafter(d, str(tmp_path), {"note": "x"})
+    from safetensors.torch import load_file
+
+    state = load_file(paths["weights"])
+    expected = {"fc.weight", "hidden_norm.weight", "norm.weight"}
+    for i in range(2):
+        expected |= {f"layers.{i}.self_attn.{p}_proj.weight" for p in "qkvo"}
+        expected |= {f"layers.{i}.self_attn.{p}_norm.weight" for p in "qk"}
+        expected |= {f"layers.{i}.mlp.{p}_proj.weight" for p in ("gate", "up", "down")}
+        expected |= {f"layers.{i}.{p}_layernorm.weight" for p in ("input", "post_attention")}
+    assert set(state) == expected
+    assert state["fc.weight"].shape == (HIDDEN, 2 * HIDDEN) and state["fc.weight"].dtype == torch.bfloat16
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    assert cfg["architectures"] == ["DFlashDraftModel"] and cfg["model_type"] == "qwen3"
+    assert cfg["block_size"] == 16 and cfg["num_target_layers"] == 4
+    assert cfg["dflash_config"] == {"mask_token_id": 255, "target_layer_ids": [0, 2]}
+    for key, val in dict(
+        hidden_size=HIDDEN, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=16, sliding_window=None, attention_bias=False, tie_word_embeddings=False, vocab_size=VOCAB,
+        torch_dtype="bfloat16", layer_types=["full_attention"] * 2, rope_theta=10000.0,
+    ).items():  # fmt: skip
+        assert cfg[key] == val, key
+    assert {"rms_norm_eps", "max_position_embeddings"} <= set(cfg)
+    assert json.loads((tmp_path / "training.json").read_text()) == {"note": "x"}
+    back = load_drafter(str(tmp_path))
+    for name, t in d.state_dict().items():
+        assert torch.equal(back.state_dict()[name], t.to(torch.bfloat16).float()), name
+
+
+def test_export_eagle3_shared_and_reduced_vocab(tmp_path, tiny):
+    res = run(parse_args(_eagle_args(tiny, str(tmp_path / "shared"), "--max-steps", "2")))
+    from safetensors.torch import load_file
+
+    state = load_file(str(tmp_path / "shared" / "model.safetensors"))
+    names = {f"midlayer.self_attn.{p}_proj.weight" for p in "qkvo"}
+    names |= {f"midlayer.{p}.weight" for p in ("input_layernorm", "hidden_norm", "post_attention_layernorm")}
+    names |= {f"midlayer.mlp.{p}_proj.weight" for p in ("gate", "up", "down")}
+    names |= {"norm.weight", "fc.weight", "d2t", "t2d"}
+    assert set(state) == names  # no lm_head: shared with the target
+    assert state["midlayer.self_attn.q_proj.weight"].shape == (64, 2 * HIDDEN)
+    assert state["fc.weight"].shape == (HIDDEN, 3 * HIDDEN)
+    assert state["d2t"].dtype == torch.int64 and not state["d2t"].any()
+    assert state["t2d"].dtype == torch.bool and state["t2d"].all()
+    cfg = json.loads((tmp_path / "shared" / "config.json").read_text())
+    assert cfg["architectures"] == ["LlamaForCausalLMEagle3"] and cfg["model_type"] == "llama"
+    assert cfg["num_hidden_layers"] == 1 and cfg["vocab_size"] == cfg["draft_vocab_size"] == VOCAB
+    assert cfg["eagle_aux_hidden_state_layer_ids"] == [2, 2, 1] and cfg["target_hidden_size"] == HIDDEN
+    assert cfg["tie_word_embeddings"] is False
+    for name, t in load_drafter(str(tmp_path / "shared")).state_dict().items():
+        ref = res.drafter.state_dict()[name]
+        assert torch.equal(t, ref.to(torch.bfloat16).float() if ref.is_floating_point() else ref), name
+
+    run(parse_args(_eagle_args(tiny, str(tmp_path / "red"), "--max-steps", "2", "--draft-vocab-size", "16")))
+    state = load_file(str(tmp_path / "red" / "model.safetensors"))
+    assert state["lm_head.weight"].shape == (16, HIDDEN) and state["d2t"].shape == (16,)
+    draft_ids = torch.arange(16) + state["d2t"]
+    assert set(CYCLE) | {2} <= set(draft_ids.tolist())  # the most frequent response tokens
+    assert state["t2d"].sum() == 16 and state["t2d"][draft_ids].all()
+    assert json.loads((tmp_path / "red" / "config.json").read_text())["draft_vocab_size"] == 16
+
+
+# ------------------------------------------------------------------------------------------ DDP
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _ddp_worker(rank: int, world: int, port: int, argv: list[str], out_dir: str) -> None:
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+    )
+    res = run(parse_args(argv))
+    torch.save(res.drafter.state_dict(), os.path.join(out_dir, f"rank{rank}.pt"))
+    dist.destroy_process_group()
+
+
+def test_ddp_two_cpu_processes_stay_in_sync(tmp_path, tiny):
+    import torch.multiprocessing as mp
+
+    argv = _dflash_args(tiny, str(tmp_path / "o"), "--max-steps", "2", "--device", "cpu")
+    # fork: the children inherit the imported torch / transformers (spawn would re-import them, ~10 s each)
+    mp.start_processes(
+        _ddp_worker, args=(2, _free_port(), argv, str(tmp_path)), nprocs=2, join=True, start_method="fork"
+    )
+    s0 = torch.load(tmp_path / "rank0.pt")
+    s1 = torch.load(tmp_path / "rank1.pt")
+    init = _dflash_init_state(tiny, tmp_path)
+    assert s0.keys() == s1.keys()
+    for k in s0:
+        assert torch.equal(s0[k], s1[k]), k
+    assert not torch.equal(s0["fc.weight"], init["fc.weight"])  # it trained
+    info = json.loads((tmp_path / "o" / "training.json").read_text())
+    assert info["world_size"] == 2 and info["train"]["steps"] == 2
+
+
+def _dflash_init_state(tiny: dict[str, str], tmp_path) -> dict[str, torch.Tensor]:
+    res = run(parse_args(_dflash_args(tiny, str(tmp_path / "init"), "--max-steps", "1", "--lr", "1e-12")))
+    return res.drafter.state_dict()
