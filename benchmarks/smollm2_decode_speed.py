@@ -25,8 +25,15 @@ def main() -> int:
     from specserve import LLM, SamplingParams
 
     rows = {}
-    llm = LLM(args.config_dir, load_format="dummy", dtype="bfloat16", device="cuda", max_model_len=1024,
-              max_num_seqs=1, enable_prefix_caching=False)
+    llm = LLM(
+        args.config_dir,
+        load_format="dummy",
+        dtype="bfloat16",
+        device="cuda",
+        max_model_len=1024,
+        max_num_seqs=1,
+        enable_prefix_caching=False,
+    )
     prompt = {"prompt_token_ids": list(range(100, 140))}
     sp = SamplingParams(temperature=0, max_tokens=args.tokens, ignore_eos=True)
     llm.generate(prompt, sp)
@@ -56,8 +63,16 @@ def main() -> int:
     for k, v in rows.items():
         print(f"{k:22} {v:8.1f} tok/s  {v / base:5.2f}x")
     out = Path(args.out or "benchmarks/results/smollm2_decode_speed.json")
-    out.write_text(json.dumps({"command": "python benchmarks/smollm2_decode_speed.py --config-dir DIR",
-                               "gpu": torch.cuda.get_device_name(), "tokens_per_s": rows}, indent=2))
+    out.write_text(
+        json.dumps(
+            {
+                "command": "python benchmarks/smollm2_decode_speed.py --config-dir DIR",
+                "gpu": torch.cuda.get_device_name(),
+                "tokens_per_s": rows,
+            },
+            indent=2,
+        )
+    )
     return 0
 
 

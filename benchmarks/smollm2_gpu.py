@@ -31,14 +31,20 @@ PROMPTS = [
 
 
 def specs(args: argparse.Namespace) -> list[dict | None]:
-    out: list[dict | None] = [None, {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2,
-                                     "prompt_lookup_max": 4}]
+    out: list[dict | None] = [
+        None,
+        {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 4},
+    ]
     if args.dflash:
-        out += [{"method": "dflash", "model": args.dflash, "num_speculative_tokens": 15},
-                {"method": "dflash", "model": args.dflash, "num_speculative_tokens": 4}]
+        out += [
+            {"method": "dflash", "model": args.dflash, "num_speculative_tokens": 15},
+            {"method": "dflash", "model": args.dflash, "num_speculative_tokens": 4},
+        ]
     if args.eagle3:
-        out += [{"method": "eagle3", "model": args.eagle3, "num_speculative_tokens": 4},
-                {"method": "eagle3", "model": args.eagle3, "num_speculative_tokens": 7}]
+        out += [
+            {"method": "eagle3", "model": args.eagle3, "num_speculative_tokens": 4},
+            {"method": "eagle3", "model": args.eagle3, "num_speculative_tokens": 7},
+        ]
     return out
 
 
@@ -63,8 +69,16 @@ def main() -> int:
     for spec in specs(args):
         res = {}
         for eager in (True, False):
-            llm = LLM(args.gguf, dtype="bfloat16", device="cuda", max_model_len=2048, max_num_seqs=4,
-                      speculative_config=spec, enforce_eager=eager, enable_prefix_caching=False)
+            llm = LLM(
+                args.gguf,
+                dtype="bfloat16",
+                device="cuda",
+                max_model_len=2048,
+                max_num_seqs=4,
+                speculative_config=spec,
+                enforce_eager=eager,
+                enable_prefix_caching=False,
+            )
             tok = llm.get_tokenizer()
             chats = [[{"role": "user", "content": p}] for p in PROMPTS]
             outs = llm.chat(chats, SamplingParams(temperature=0, max_tokens=128, ignore_eos=True))
@@ -80,8 +94,14 @@ def main() -> int:
                 m1 = llm.get_metrics()
                 d = m1["spec_decode_num_drafts"] - m0["spec_decode_num_drafts"]
                 a = m1["spec_decode_num_accepted_tokens"] - m0["spec_decode_num_accepted_tokens"]
-                rows.append({"engine": "specserve", "config": name(spec), "tokens_per_s": round(ntok / dt, 1),
-                             "acceptance_length": round(1 + a / d, 3) if d else None})
+                rows.append(
+                    {
+                        "engine": "specserve",
+                        "config": name(spec),
+                        "tokens_per_s": round(ntok / dt, 1),
+                        "acceptance_length": round(1 + a / d, 3) if d else None,
+                    }
+                )
                 print(json.dumps(rows[-1]), flush=True)
             del llm
             torch.cuda.empty_cache()
@@ -92,23 +112,44 @@ def main() -> int:
         import transformers
 
         d, f = os.path.split(os.path.abspath(args.gguf))
-        hf = transformers.AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.bfloat16).cuda().eval()
+        hf = (
+            transformers.AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.bfloat16)
+            .cuda()
+            .eval()
+        )
         assert tok is not None
         for mode in ("eager", "static"):
             kw = {"cache_implementation": "static"} if mode == "static" else {}
-            enc = [tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
-                                           return_tensors="pt", return_dict=True)["input_ids"].cuda() for p in PROMPTS]
+            enc = [
+                tok.apply_chat_template(
+                    [{"role": "user", "content": p}],
+                    add_generation_prompt=True,
+                    return_tensors="pt",
+                    return_dict=True,
+                )["input_ids"].cuda()
+                for p in PROMPTS
+            ]
             for _ in range(2):  # warm-up (compiles the static-cache forward)
-                hf.generate(enc[0], max_new_tokens=args.tokens, do_sample=False, min_new_tokens=args.tokens, **kw)
+                hf.generate(
+                    enc[0], max_new_tokens=args.tokens, do_sample=False, min_new_tokens=args.tokens, **kw
+                )
             torch.cuda.synchronize()
             ntok, t0 = 0, time.perf_counter()
             for ids in enc:
-                out = hf.generate(ids, max_new_tokens=args.tokens, min_new_tokens=args.tokens, do_sample=False, **kw)
+                out = hf.generate(
+                    ids, max_new_tokens=args.tokens, min_new_tokens=args.tokens, do_sample=False, **kw
+                )
                 ntok += out.shape[1] - ids.shape[1]
             torch.cuda.synchronize()
             dt = time.perf_counter() - t0
-            rows.append({"engine": "hf-transformers", "config": mode, "tokens_per_s": round(ntok / dt, 1),
-                         "acceptance_length": None})
+            rows.append(
+                {
+                    "engine": "hf-transformers",
+                    "config": mode,
+                    "tokens_per_s": round(ntok / dt, 1),
+                    "acceptance_length": None,
+                }
+            )
             print(json.dumps(rows[-1]), flush=True)
 
     hf_static = next((r["tokens_per_s"] for r in rows if r["config"] == "static"), None)
@@ -124,9 +165,18 @@ def main() -> int:
         rev = "unknown"
     out = Path(args.out or f"benchmarks/results/smollm2_gpu-{time.strftime('%Y%m%d-%H%M%S')}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"command": " ".join(["python"] + sys.argv), "git_revision": rev,
-                               "gpu": torch.cuda.get_device_name(), "rows": rows, "graphs_equal_eager": equal},
-                              indent=2))
+    out.write_text(
+        json.dumps(
+            {
+                "command": " ".join(["python"] + sys.argv),
+                "git_revision": rev,
+                "gpu": torch.cuda.get_device_name(),
+                "rows": rows,
+                "graphs_equal_eager": equal,
+            },
+            indent=2,
+        )
+    )
     print(f"wrote {out}")
     return 0
 

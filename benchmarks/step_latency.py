@@ -32,18 +32,52 @@ def write_drafters(root: Path) -> tuple[str, str]:
     df, ea = root / "dflash-b16", root / "eagle3"
     df.mkdir(parents=True, exist_ok=True)
     ea.mkdir(parents=True, exist_ok=True)
-    (df / "config.json").write_text(json.dumps({
-        "architectures": ["DFlashDraftModel"], "model_type": "qwen3", "block_size": 16, "num_target_layers": 36,
-        "dflash_config": {"mask_token_id": 151669, "target_layer_ids": [1, 9, 17, 25, 33]},
-        "hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 5, "num_attention_heads": 32,
-        "num_key_value_heads": 8, "head_dim": 128, "hidden_act": "silu", "rms_norm_eps": 1e-6,
-        "rope_theta": 1000000, "max_position_embeddings": 40960, "layer_types": ["full_attention"] * 5,
-        "sliding_window": None, "attention_bias": False, "tie_word_embeddings": False, "vocab_size": 151936}))
-    (ea / "config.json").write_text(json.dumps({
-        "architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": 4096,
-        "intermediate_size": 12288, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
-        "num_hidden_layers": 1, "rms_norm_eps": 1e-6, "rope_theta": 1000000, "max_position_embeddings": 40960,
-        "vocab_size": 151936, "draft_vocab_size": 151936, "tie_word_embeddings": False}))
+    (df / "config.json").write_text(
+        json.dumps(
+            {
+                "architectures": ["DFlashDraftModel"],
+                "model_type": "qwen3",
+                "block_size": 16,
+                "num_target_layers": 36,
+                "dflash_config": {"mask_token_id": 151669, "target_layer_ids": [1, 9, 17, 25, 33]},
+                "hidden_size": 4096,
+                "intermediate_size": 12288,
+                "num_hidden_layers": 5,
+                "num_attention_heads": 32,
+                "num_key_value_heads": 8,
+                "head_dim": 128,
+                "hidden_act": "silu",
+                "rms_norm_eps": 1e-6,
+                "rope_theta": 1000000,
+                "max_position_embeddings": 40960,
+                "layer_types": ["full_attention"] * 5,
+                "sliding_window": None,
+                "attention_bias": False,
+                "tie_word_embeddings": False,
+                "vocab_size": 151936,
+            }
+        )
+    )
+    (ea / "config.json").write_text(
+        json.dumps(
+            {
+                "architectures": ["LlamaForCausalLMEagle3"],
+                "model_type": "llama",
+                "hidden_size": 4096,
+                "intermediate_size": 12288,
+                "num_attention_heads": 32,
+                "num_key_value_heads": 8,
+                "head_dim": 128,
+                "num_hidden_layers": 1,
+                "rms_norm_eps": 1e-6,
+                "rope_theta": 1000000,
+                "max_position_embeddings": 40960,
+                "vocab_size": 151936,
+                "draft_vocab_size": 151936,
+                "tie_word_embeddings": False,
+            }
+        )
+    )
     return str(df), str(ea)
 
 
@@ -63,12 +97,23 @@ def copy_bandwidth() -> float:
     return 2 * 2 * 2**30 / dt  # bytes read + written per second
 
 
-def run_config(model_dir: str, spec: dict | None, batches: list[int], eager: bool, max_tokens: int) -> list[dict]:
+def run_config(
+    model_dir: str, spec: dict | None, batches: list[int], eager: bool, max_tokens: int
+) -> list[dict]:
     from specserve import LLM, SamplingParams
 
-    llm = LLM(model_dir, load_format="dummy", dtype="bfloat16", device="cuda", max_model_len=2048,
-              max_num_seqs=max(batches), speculative_config=spec, enable_prefix_caching=False,
-              enforce_eager=eager, gpu_memory_utilization=0.6)
+    llm = LLM(
+        model_dir,
+        load_format="dummy",
+        dtype="bfloat16",
+        device="cuda",
+        max_model_len=2048,
+        max_num_seqs=max(batches),
+        speculative_config=spec,
+        enable_prefix_caching=False,
+        enforce_eager=eager,
+        gpu_memory_utilization=0.6,
+    )
     eng = llm.engine
     weight_bytes = sum(p.numel() * p.element_size() for p in eng.runner.model.parameters())
     steps = {"n": 0}
@@ -82,7 +127,9 @@ def run_config(model_dir: str, spec: dict | None, batches: list[int], eager: boo
     rows = []
     g = torch.Generator().manual_seed(0)
     for b in batches:
-        prompts = [{"prompt_token_ids": torch.randint(1000, 100000, (128,), generator=g).tolist()} for _ in range(b)]
+        prompts = [
+            {"prompt_token_ids": torch.randint(1000, 100000, (128,), generator=g).tolist()} for _ in range(b)
+        ]
         sp = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
         llm.generate(prompts, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))  # warm-up
         eng.runner.profile, eng.runner.timings = True, []
@@ -99,13 +146,20 @@ def run_config(model_dir: str, spec: dict | None, batches: list[int], eager: boo
         wall2 = time.perf_counter() - t0
         n2 = steps["n"]
         med = lambda xs: sorted(xs)[len(xs) // 2] if xs else 0.0  # noqa: E731
-        rows.append({
-            "method": spec["method"] if spec else "plain", "k": spec["num_speculative_tokens"] if spec else 0,
-            "batch": b, "graphs": not eager,
-            "step_ms_wall": round(1e3 * wall2 / max(1, n2), 3),
-            "target_ms": round(med([t[0] for t in dec]), 3), "drafter_ms": round(med([t[1] for t in dec]), 3),
-            "steps": n2, "profiled_wall_s": round(wall, 3), "weight_bytes": weight_bytes,
-        })
+        rows.append(
+            {
+                "method": spec["method"] if spec else "plain",
+                "k": spec["num_speculative_tokens"] if spec else 0,
+                "batch": b,
+                "graphs": not eager,
+                "step_ms_wall": round(1e3 * wall2 / max(1, n2), 3),
+                "target_ms": round(med([t[0] for t in dec]), 3),
+                "drafter_ms": round(med([t[1] for t in dec]), 3),
+                "steps": n2,
+                "profiled_wall_s": round(wall, 3),
+                "weight_bytes": weight_bytes,
+            }
+        )
         print(json.dumps(rows[-1]), flush=True)
     del llm, eng
     gc.collect()
@@ -151,10 +205,13 @@ def main() -> int:
     df, ea = write_drafters(root)
     bw = copy_bandwidth()
     print(f"copy bandwidth {bw / 1e12:.2f} TB/s", flush=True)
-    configs = [None, {"method": "dflash", "model": df, "num_speculative_tokens": 4},
-               {"method": "dflash", "model": df, "num_speculative_tokens": 15},
-               {"method": "eagle3", "model": ea, "num_speculative_tokens": 4},
-               {"method": "eagle3", "model": ea, "num_speculative_tokens": 7}]
+    configs = [
+        None,
+        {"method": "dflash", "model": df, "num_speculative_tokens": 4},
+        {"method": "dflash", "model": df, "num_speculative_tokens": 15},
+        {"method": "eagle3", "model": ea, "num_speculative_tokens": 4},
+        {"method": "eagle3", "model": ea, "num_speculative_tokens": 7},
+    ]
     rows = []
     for spec in configs:
         rows += run_config(args.config_dir, spec, args.batches, eager=False, max_tokens=args.max_tokens)
@@ -165,29 +222,47 @@ def main() -> int:
     wb = rows[0]["weight_bytes"]
     floor_ms = 1e3 * wb / (bw / 2)  # reading the weights once: bytes / (read bandwidth = copy rate)
     plain = {r["batch"]: r["step_ms_wall"] for r in rows if r["method"] == "plain" and r["graphs"]}
-    print(f"\nQwen3-8B-shaped target, bf16, {wb / 1e9:.2f} GB of weights; weight-read floor {floor_ms:.3f} ms "
-          f"(copy bandwidth {bw / 1e12:.2f} TB/s read+write); HF transformers decode forward (batch 1): "
-          f"{hf_ms if hf_ms is None else round(hf_ms, 2)} ms")
-    print(f"{'method':8} {'K':>3} {'batch':>5} {'graphs':>6} {'step ms':>8} {'target':>7} {'drafter':>7} "
-          f"{'x floor':>7} {'x plain':>7} {'proj tok/s':>10}")
+    print(
+        f"\nQwen3-8B-shaped target, bf16, {wb / 1e9:.2f} GB of weights; weight-read floor {floor_ms:.3f} ms "
+        f"(copy bandwidth {bw / 1e12:.2f} TB/s read+write); HF transformers decode forward (batch 1): "
+        f"{hf_ms if hf_ms is None else round(hf_ms, 2)} ms"
+    )
+    print(
+        f"{'method':8} {'K':>3} {'batch':>5} {'graphs':>6} {'step ms':>8} {'target':>7} {'drafter':>7} "
+        f"{'x floor':>7} {'x plain':>7} {'proj tok/s':>10}"
+    )
     for r in rows:
         tau = PUBLISHED.get((r["method"], r["k"]))
         proj = f"{tau * 1e3 / r['step_ms_wall'] * r['batch']:.0f}" if tau else "-"
         xp = r["step_ms_wall"] / plain[r["batch"]] if r["batch"] in plain else float("nan")
-        r.update(x_floor=round(r["step_ms_wall"] / floor_ms, 3), x_plain=round(xp, 3),
-                 projected_tokens_per_s=(tau * 1e3 / r["step_ms_wall"] * r["batch"]) if tau else None,
-                 projected_from_acceptance_length=tau)
-        print(f"{r['method']:8} {r['k']:>3} {r['batch']:>5} {str(r['graphs']):>6} {r['step_ms_wall']:>8.3f} "
-              f"{r['target_ms']:>7.3f} {r['drafter_ms']:>7.3f} {r['x_floor']:>7.2f} {xp:>7.2f} {proj:>10}")
-    print("proj tok/s = published acceptance length (DFlash K=15: 6.55, EAGLE-3 K=7: 2.89; GSM8K, Qwen3-8B) x "
-          "batch / step time: a PROJECTION, not a measurement.")
+        r.update(
+            x_floor=round(r["step_ms_wall"] / floor_ms, 3),
+            x_plain=round(xp, 3),
+            projected_tokens_per_s=(tau * 1e3 / r["step_ms_wall"] * r["batch"]) if tau else None,
+            projected_from_acceptance_length=tau,
+        )
+        print(
+            f"{r['method']:8} {r['k']:>3} {r['batch']:>5} {str(r['graphs']):>6} {r['step_ms_wall']:>8.3f} "
+            f"{r['target_ms']:>7.3f} {r['drafter_ms']:>7.3f} {r['x_floor']:>7.2f} {xp:>7.2f} {proj:>10}"
+        )
+    print(
+        "proj tok/s = published acceptance length (DFlash K=15: 6.55, EAGLE-3 K=7: 2.89; GSM8K, Qwen3-8B) x "
+        "batch / step time: a PROJECTION, not a measurement."
+    )
     try:
         rev = subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True).strip()
     except Exception:  # noqa: BLE001
         rev = os.environ.get("GIT_REV", "unknown")
-    result = {"command": " ".join(["python"] + sys.argv), "git_revision": rev,
-              "gpu": torch.cuda.get_device_name(), "copy_bandwidth_Bps": bw, "weight_bytes": wb,
-              "weight_read_floor_ms": floor_ms, "hf_transformers_decode_ms_batch1": hf_ms, "rows": rows}
+    result = {
+        "command": " ".join(["python"] + sys.argv),
+        "git_revision": rev,
+        "gpu": torch.cuda.get_device_name(),
+        "copy_bandwidth_Bps": bw,
+        "weight_bytes": wb,
+        "weight_read_floor_ms": floor_ms,
+        "hf_transformers_decode_ms_batch1": hf_ms,
+        "rows": rows,
+    }
     out = Path(args.out or f"benchmarks/results/step_latency-{time.strftime('%Y%m%d-%H%M%S')}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))

@@ -57,11 +57,22 @@ def main() -> int:
     specs = [None] + [json.loads(s) for s in args.spec]
     for dtype in args.dtypes:
         for spec in specs:
-            llm = LLM(args.model, dtype=dtype, device=args.device, max_num_seqs=max(args.batches),
-                      max_model_len=1024, speculative_config=spec, enable_prefix_caching=False)
+            llm = LLM(
+                args.model,
+                dtype=dtype,
+                device=args.device,
+                max_num_seqs=max(args.batches),
+                max_model_len=1024,
+                speculative_config=spec,
+                enable_prefix_caching=False,
+            )
             tok = llm.get_tokenizer()
-            chats = [tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
-                                             tokenize=False) for p in PROMPTS]
+            chats = [
+                tok.apply_chat_template(
+                    [{"role": "user", "content": p}], add_generation_prompt=True, tokenize=False
+                )
+                for p in PROMPTS
+            ]
             sp = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
             llm.generate(chats[:1], SamplingParams(temperature=0, max_tokens=4))  # warm-up
             for b in args.batches:
@@ -74,8 +85,12 @@ def main() -> int:
                 drafts = m1["spec_decode_num_drafts"] - m0["spec_decode_num_drafts"]
                 acc = m1["spec_decode_num_accepted_tokens"] - m0["spec_decode_num_accepted_tokens"]
                 row = {
-                    "dtype": dtype, "batch": b, "spec": spec["method"] if spec else "none",
-                    "k": spec["num_speculative_tokens"] if spec else 0, "tokens": ntok, "seconds": round(dt, 3),
+                    "dtype": dtype,
+                    "batch": b,
+                    "spec": spec["method"] if spec else "none",
+                    "k": spec["num_speculative_tokens"] if spec else 0,
+                    "tokens": ntok,
+                    "seconds": round(dt, 3),
                     "tokens_per_s": round(ntok / dt, 2),
                     "acceptance_length": round(1 + acc / drafts, 3) if drafts else None,
                 }

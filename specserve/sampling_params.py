@@ -57,7 +57,10 @@ class SamplingParams:
         if not isinstance(self.min_tokens, int) or self.min_tokens < 0:
             raise bad("min_tokens", f"must be greater than or equal to 0, got {self.min_tokens}.")
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
-            raise bad("min_tokens", f"must be less than or equal to max_tokens={self.max_tokens}, got {self.min_tokens}.")
+            raise bad(
+                "min_tokens",
+                f"must be less than or equal to max_tokens={self.max_tokens}, got {self.min_tokens}.",
+            )
         if self.logprobs is not None and (not isinstance(self.logprobs, int) or not 0 <= self.logprobs <= 20):
             raise bad("logprobs", f"must be an integer in [0, 20], got {self.logprobs}.")
         if self.seed is not None and not isinstance(self.seed, int):

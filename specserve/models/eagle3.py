@@ -67,7 +67,9 @@ class Eagle3DraftModel(nn.Module):
             if name == "t2d":
                 continue
             if name == "embed_tokens.weight":
-                self.embed_tokens = nn.Embedding(t.shape[0], t.shape[1], device=t.device, dtype=self.fc.weight.dtype)
+                self.embed_tokens = nn.Embedding(
+                    t.shape[0], t.shape[1], device=t.device, dtype=self.fc.weight.dtype
+                )
                 self.embed_tokens.weight.copy_(t)
                 continue
             if name == "lm_head.weight":

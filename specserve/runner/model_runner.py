@@ -451,7 +451,9 @@ class ModelRunner:
             t_mid = self._mark()
             proposals = self.proposer.propose(inputs, features)
             if self.profile:
-                self.timings.append((self._elapsed(t_start, t_mid), self._elapsed(t_mid, self._mark()), len(items)))
+                self.timings.append(
+                    (self._elapsed(t_start, t_mid), self._elapsed(t_mid, self._mark()), len(items))
+                )
             for s, d in zip(items, proposals):
                 if d:
                     drafts_out[s.req.request_id] = d
