@@ -17,7 +17,7 @@ from specserve.config import ModelConfig
 from specserve.layers.attention import AttentionBackend, AttnMetadata
 from specserve.layers.norm import RMSNorm
 from specserve.layers.rotary import RotaryEmbedding
-from specserve.models.llama import DecoderLayer, KVCache
+from specserve.models.llama import DecoderLayer, KVCache, copy_weight
 
 
 def drafter_model_config(raw: dict[str, Any], qk_norm: bool = True) -> ModelConfig:
@@ -82,39 +82,13 @@ class DFlashDraftModel(nn.Module):
     @torch.no_grad()
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         params = dict(self.named_parameters())
-        cfg = self.cfg
-        q, kv = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
-        fused = {
-            "q_proj": ("qkv_proj", 0, q),
-            "k_proj": ("qkv_proj", q, kv),
-            "v_proj": ("qkv_proj", q + kv, kv),
-            "gate_proj": ("gate_up_proj", 0, cfg.intermediate_size),
-            "up_proj": ("gate_up_proj", cfg.intermediate_size, cfg.intermediate_size),
-        }
         seen: set[str] = set()
         for name, t in weights:
             if name.startswith("model."):
                 name = name[6:]
             if name.split(".")[0] in ("embed_tokens", "lm_head") or name in ("d2t", "t2d"):
                 continue  # shared with the target
-            parts = name.split(".")
-            if len(parts) >= 2 and parts[-2] in fused:
-                fname, start, size = fused[parts[-2]]
-                target = ".".join(parts[:-2] + [fname, parts[-1]])
-                if target not in params:
-                    raise ValueError(f"Unexpected DFlash weight {name!r}.")
-                params[target][start : start + size].copy_(t)
-                seen.add(f"{target}:{start}")
-                continue
-            if name not in params:
-                raise ValueError(f"Unexpected DFlash weight {name!r}.")
-            if params[name].shape != t.shape:
-                raise ValueError(
-                    f"DFlash weight {name!r} has shape {tuple(t.shape)} but the drafter/target pair expects "
-                    f"{tuple(params[name].shape)}."
-                )
-            params[name].copy_(t)
-            seen.add(name)
+            seen.add(copy_weight(params, name, t, self.cfg, "DFlash"))
         if "fc.weight" not in seen:
             raise ValueError("DFlash checkpoint has no 'fc.weight'.")
         self.stack_context_weights()

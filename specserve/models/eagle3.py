@@ -14,7 +14,7 @@ from specserve.layers.attention import AttentionBackend, AttnMetadata
 from specserve.layers.norm import RMSNorm
 from specserve.layers.rotary import RotaryEmbedding
 from specserve.models.dflash import drafter_model_config
-from specserve.models.llama import MLP, Attention, KVCache
+from specserve.models.llama import MLP, Attention, KVCache, copy_weight
 
 
 class Eagle3DraftModel(nn.Module):
@@ -45,15 +45,6 @@ class Eagle3DraftModel(nn.Module):
 
     @torch.no_grad()
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        cfg = self.cfg
-        q, kv = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
-        fused = {
-            "q_proj": ("self_attn.qkv_proj", 0, q),
-            "k_proj": ("self_attn.qkv_proj", q, kv),
-            "v_proj": ("self_attn.qkv_proj", q + kv, kv),
-            "gate_proj": ("mlp.gate_up_proj", 0, cfg.intermediate_size),
-            "up_proj": ("mlp.gate_up_proj", cfg.intermediate_size, cfg.intermediate_size),
-        }
         params = dict(self.named_parameters())
         for name, t in weights:
             if name.startswith("model."):
@@ -82,19 +73,7 @@ class Eagle3DraftModel(nn.Module):
                 )
                 self.lm_head.weight.copy_(t)
                 continue
-            parts = name.split(".")
-            if len(parts) >= 2 and parts[-2] in fused:
-                fname, start, size = fused[parts[-2]]
-                params[f"{fname}.{parts[-1]}"][start : start + size].copy_(t)
-                continue
-            if name not in params:
-                raise ValueError(f"Unexpected EAGLE-3 weight {name!r}.")
-            if params[name].shape != t.shape:
-                raise ValueError(
-                    f"EAGLE-3 weight {name!r} has shape {tuple(t.shape)}, expected {tuple(params[name].shape)} "
-                    "(draft/target mismatch?)."
-                )
-            params[name].copy_(t)
+            copy_weight(params, name, t, self.cfg, "EAGLE-3")
         if self.lm_head is not None and self.lm_head.weight.shape[0] != self.draft_vocab_size:
             raise ValueError(
                 f"EAGLE-3 lm_head has {self.lm_head.weight.shape[0]} rows but draft_vocab_size is {self.draft_vocab_size}."

@@ -148,57 +148,66 @@ class DecoderLM(nn.Module):
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Load HF-named tensors, fusing q/k/v and gate/up. Unknown names raise; missing ones are reported."""
         params = dict(self.named_parameters())
-        loaded: set[str] = set()
         cfg = self.config
-        q_size = cfg.num_attention_heads * cfg.head_dim
-        kv_size = cfg.num_key_value_heads * cfg.head_dim
-        fused = {
-            "q_proj": ("qkv_proj", 0, q_size),
-            "k_proj": ("qkv_proj", q_size, kv_size),
-            "v_proj": ("qkv_proj", q_size + kv_size, kv_size),
-            "gate_proj": ("gate_up_proj", 0, cfg.intermediate_size),
-            "up_proj": ("gate_up_proj", cfg.intermediate_size, cfg.intermediate_size),
-        }
+        loaded: set[str] = set()
         for name, tensor in weights:
             if name.startswith("model."):
                 name = name[len("model.") :]
-            if "rotary_emb" in name:
+            if "rotary_emb" in name or (name == "lm_head.weight" and cfg.tie_word_embeddings):
                 continue
-            if name == "lm_head.weight" and cfg.tie_word_embeddings:
-                continue
-            parts = name.split(".")
-            target = name
-            rows: tuple[int, int] | None = None
-            for key, (fname, start, size) in fused.items():
-                if len(parts) >= 2 and parts[-2] == key:
-                    target = ".".join(parts[:-2] + [fname, parts[-1]])
-                    rows = (start, size)
-                    break
-            if target not in params:
-                raise ValueError(f"Unexpected weight {name!r} in checkpoint for {cfg.architecture}.")
-            p = params[target]
-            if rows is None:
-                if p.shape != tensor.shape:
-                    raise ValueError(
-                        f"Weight {name!r} has shape {tuple(tensor.shape)}, expected {tuple(p.shape)}."
-                    )
-                p.copy_(tensor)
-                loaded.add(target)
-            else:
-                p[rows[0] : rows[0] + rows[1]].copy_(tensor)
-                loaded.add(f"{target}:{rows[0]}")
+            loaded.add(copy_weight(params, name, tensor, cfg, cfg.architecture))
         expected = 0
         for pname in params:
-            if pname.endswith(("qkv_proj.weight", "qkv_proj.bias")):
-                expected += 3
-            elif pname.endswith("gate_up_proj.weight"):
-                expected += 2
-            elif pname == "lm_head.weight" and cfg.tie_word_embeddings:
-                continue
-            else:
-                expected += 1
+            expected += (
+                3
+                if pname.endswith(("qkv_proj.weight", "qkv_proj.bias"))
+                else 2
+                if pname.endswith("gate_up_proj.weight")
+                else 1
+            )
         if len(loaded) < expected:
             missing = [p for p in params if not any(s.startswith(p) for s in loaded)]
             raise ValueError(
                 f"Checkpoint is missing weights: {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}"
             )
+
+
+def copy_weight(
+    params: dict[str, nn.Parameter], name: str, tensor: torch.Tensor, cfg: ModelConfig, what: str
+) -> str:
+    """Copy one HF-named tensor into ``params``; q/k/v and gate/up go into row slices of the fused
+    ``qkv_proj`` / ``gate_up_proj``. Returns a key identifying what was written (for completeness checks)."""
+    q, kv, inter = (
+        cfg.num_attention_heads * cfg.head_dim,
+        cfg.num_key_value_heads * cfg.head_dim,
+        cfg.intermediate_size,
+    )
+    fused = {
+        "q_proj": ("qkv_proj", 0, q),
+        "k_proj": ("qkv_proj", q, kv),
+        "v_proj": ("qkv_proj", q + kv, kv),
+        "gate_proj": ("gate_up_proj", 0, inter),
+        "up_proj": ("gate_up_proj", inter, inter),
+    }
+    parts = name.split(".")
+    if len(parts) >= 2 and parts[-2] in fused:
+        fname, start, size = fused[parts[-2]]
+        target = ".".join(parts[:-2] + [fname, parts[-1]])
+        if target not in params:
+            raise ValueError(f"Unexpected weight {name!r} in the {what} checkpoint.")
+        dst = params[target][start : start + size]
+        if dst.shape != tensor.shape:
+            raise ValueError(
+                f"Weight {name!r} has shape {tuple(tensor.shape)}, expected {tuple(dst.shape)} ({what})."
+            )
+        dst.copy_(tensor)
+        return f"{target}:{start}"
+    if name not in params:
+        raise ValueError(f"Unexpected weight {name!r} in the {what} checkpoint.")
+    if params[name].shape != tensor.shape:
+        raise ValueError(
+            f"Weight {name!r} has shape {tuple(tensor.shape)}, expected {tuple(params[name].shape)} ({what}: "
+            "draft/target mismatch?)."
+        )
+    params[name].copy_(tensor)
+    return name
