@@ -78,3 +78,58 @@ class BucketedGraphs:
             return self.fn(b)
         g.replay()
         return self.outputs[b]
+
+
+class PaddedBatch:
+    """Static device buffers for a batch of up to ``max_batch`` requests of exactly ``q`` query tokens each.
+
+    ``fill`` pads to a bucket: request j gets its tokens (the rest of its q rows are token 0 and write no KV),
+    positions ``first_pos .. first_pos + q - 1`` and seq_len ``first_pos + q``; requests past the real batch get
+    seq_len 0 (the attention kernel outputs zeros for them) and slot -1 everywhere.
+    """
+
+    def __init__(self, max_batch: int, q: int, max_blocks: int, device: torch.device) -> None:
+        self.q = q
+        t = max_batch * q
+        self.ids = torch.zeros(t, dtype=torch.long, device=device)
+        self.pos = torch.zeros(t, dtype=torch.long, device=device)
+        self.slots = torch.full((t,), -1, dtype=torch.long, device=device)
+        self.qsl = torch.arange(0, (max_batch + 1) * q, q, dtype=torch.int32, device=device)
+        self.seq = torch.zeros(max_batch, dtype=torch.int32, device=device)
+        self.bt = torch.zeros((max_batch, max_blocks), dtype=torch.int32, device=device)
+
+    def meta(self, b: int, max_seq_len: int, causal: bool = True) -> Any:
+        from specserve.layers.attention import AttnMetadata
+
+        return AttnMetadata(
+            self.qsl[: b + 1],
+            self.seq[:b],
+            self.bt[:b],
+            self.slots[: b * self.q],
+            max_query_len=self.q,
+            max_seq_len=max_seq_len,
+            causal=causal,
+        )
+
+    def fill(self, b: int, rows: list[tuple[list[int], int, list[int]]], block_size: int) -> None:
+        """rows: (tokens (at most q), first position, block table) per real request; b >= len(rows)."""
+        q = self.q
+        ids = torch.zeros(b * q, dtype=torch.long)
+        pos = torch.zeros(b * q, dtype=torch.long)
+        slots = torch.full((b * q,), -1, dtype=torch.long)
+        seq = torch.zeros(b, dtype=torch.int32)
+        bt = torch.zeros((b, self.bt.shape[1]), dtype=torch.int32)
+        for j, (toks, first, table) in enumerate(rows):
+            n = len(toks)
+            p = torch.arange(first, first + q)
+            ids[j * q : j * q + n] = torch.tensor(toks)
+            pos[j * q : (j + 1) * q] = p
+            tab = torch.tensor(table, dtype=torch.long)
+            slots[j * q : j * q + n] = tab[p[:n] // block_size] * block_size + p[:n] % block_size
+            seq[j] = first + q
+            bt[j, : len(table)] = tab.to(torch.int32)
+        self.ids[: b * q].copy_(ids, non_blocking=True)
+        self.pos[: b * q].copy_(pos, non_blocking=True)
+        self.slots[: b * q].copy_(slots, non_blocking=True)
+        self.seq[:b].copy_(seq, non_blocking=True)
+        self.bt[:b].copy_(bt, non_blocking=True)

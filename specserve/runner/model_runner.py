@@ -18,7 +18,7 @@ from specserve.engine.scheduler import SchedulerOutput
 from specserve.layers.attention import AttnMetadata, make_backend
 from specserve.layers.sampler import SamplingTensors, compute_logprobs, gather_logprobs, sample
 from specserve.models.llama import DecoderLM
-from specserve.runner.cuda_graphs import BucketedGraphs, batch_buckets
+from specserve.runner.cuda_graphs import BucketedGraphs, PaddedBatch, batch_buckets
 from specserve.spec.proposer import DraftInput, Proposer
 from specserve.spec.rejection import rejection_sample
 
@@ -215,31 +215,16 @@ class ModelRunner:
         capture = self.device.type == "cuda" and not cfg.enforce_eager
         if capture and self.backend.name != "triton":
             raise ValueError("CUDA graphs need the triton attention backend (or pass enforce_eager=True).")
-        max_b = cfg.max_num_seqs
-        k = self.num_speculative_tokens
-        q_lens = sorted({1, k + 1})
-        max_t = max_b * (k + 1)
-        dev = self.device
-        self.g_ids = torch.zeros(max_t, dtype=torch.long, device=dev)
-        self.g_pos = torch.zeros(max_t, dtype=torch.long, device=dev)
-        self.g_slots = torch.full((max_t,), -1, dtype=torch.long, device=dev)
-        self.g_qsl = torch.zeros(max_b + 1, dtype=torch.int32, device=dev)
-        self.g_seq = torch.zeros(max_b, dtype=torch.int32, device=dev)
-        self.g_bt = torch.zeros((max_b, self.max_blocks_per_seq), dtype=torch.int32, device=dev)
+        max_b, dev = cfg.max_num_seqs, self.device
+        self.padded: dict[int, PaddedBatch] = {}
         pool = None
-        for q in sorted(q_lens, reverse=True):
+        for q in sorted({1, self.num_speculative_tokens + 1}, reverse=True):
+            buf = self.padded[q] = PaddedBatch(max_b, q, self.max_blocks_per_seq, dev)
 
-            def fn(b: int, q: int = q) -> tuple[torch.Tensor, torch.Tensor | None]:
-                t = b * q
-                meta = AttnMetadata(
-                    self.g_qsl[: b + 1],
-                    self.g_seq[:b],
-                    self.g_bt[:b],
-                    self.g_slots[:t],
-                    max_query_len=q,
-                    max_seq_len=self.max_model_len + q,
-                )
-                hidden, feats = self.model(self.g_ids[:t], self.g_pos[:t], meta)
+            def fn(b: int, buf: PaddedBatch = buf) -> tuple[torch.Tensor, torch.Tensor | None]:
+                t = b * buf.q
+                meta = buf.meta(b, self.max_model_len + buf.q)
+                hidden, feats = self.model(buf.ids[:t], buf.pos[:t], meta)
                 return self.model.compute_logits(hidden).float(), feats
 
             self.graphs[q] = BucketedGraphs(f"target q_len={q}", fn, batch_buckets(max_b), dev, capture, pool)
@@ -249,28 +234,8 @@ class ModelRunner:
         """Pad every request to q tokens (drafts padded with token 0, no KV write) and replay the bucket."""
         graphs = self.graphs[q]
         b = graphs.bucket(len(items))
-        ids = torch.zeros(b * q, dtype=torch.long)
-        pos = torch.zeros(b * q, dtype=torch.long)
-        slots = torch.full((b * q,), -1, dtype=torch.long)
-        seq = torch.zeros(b, dtype=torch.int32)
-        bt = torch.zeros((b, self.g_bt.shape[1]), dtype=torch.int32)
-        for i, s in enumerate(items):
-            req, start = s.req, s.start
-            toks = [req.token_ids[start]] + s.spec_token_ids
-            n = len(toks)
-            ids[i * q : i * q + n] = torch.tensor(toks)
-            pos[i * q : (i + 1) * q] = torch.arange(start, start + q)
-            slots[i * q : i * q + n] = torch.tensor(
-                [self.slot(req.block_table, p) for p in range(start, start + n)]
-            )
-            seq[i] = start + q
-            bt[i, : len(req.block_table)] = torch.tensor(req.block_table, dtype=torch.int32)
-        self.g_ids[: b * q].copy_(ids, non_blocking=True)
-        self.g_pos[: b * q].copy_(pos, non_blocking=True)
-        self.g_slots[: b * q].copy_(slots, non_blocking=True)
-        self.g_seq[:b].copy_(seq, non_blocking=True)
-        self.g_qsl[: b + 1].copy_(torch.arange(0, (b + 1) * q, q, dtype=torch.int32), non_blocking=True)
-        self.g_bt[:b].copy_(bt, non_blocking=True)
+        rows = [([s.req.token_ids[s.start]] + s.spec_token_ids, s.start, s.req.block_table) for s in items]
+        self.padded[q].fill(b, rows, self.block_size)
         return graphs.run(b)
 
     # ------------------------------------------------------------------ helpers

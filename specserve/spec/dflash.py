@@ -96,31 +96,17 @@ class DFlashProposer(Proposer):
             return
         if runner.config.enforce_eager and runner.config.padded_decode is None:
             return
-        from specserve.runner.cuda_graphs import BucketedGraphs, batch_buckets
+        from specserve.runner.cuda_graphs import BucketedGraphs, PaddedBatch, batch_buckets
 
         K, dev = self.num_speculative_tokens, runner.device
         max_b = runner.config.max_num_seqs
-        self.q_ids = torch.zeros(max_b * (K + 1), dtype=torch.long, device=dev)
-        self.q_pos = torch.zeros_like(self.q_ids)
-        self.q_slots = torch.full_like(self.q_ids, -1)
-        self.q_qsl = torch.arange(0, (max_b + 1) * (K + 1), K + 1, dtype=torch.int32, device=dev)
-        self.q_seq = torch.zeros(max_b, dtype=torch.int32, device=dev)
-        self.q_bt = torch.zeros((max_b, runner.max_blocks_per_seq), dtype=torch.int32, device=dev)
-        from specserve.layers.attention import AttnMetadata
+        self.query = buf = PaddedBatch(max_b, K + 1, runner.max_blocks_per_seq, dev)
 
         def fn(b: int) -> torch.Tensor:
             t = b * (K + 1)
-            meta = AttnMetadata(
-                self.q_qsl[: b + 1],
-                self.q_seq[:b],
-                self.q_bt[:b],
-                self.q_slots[:t],
-                max_query_len=K + 1,
-                max_seq_len=runner.max_model_len + K + 1,
-                causal=False,
-            )
-            embeds = runner.model.embed_tokens(self.q_ids[:t])
-            hidden = self.model(embeds, self.q_pos[:t], meta, self.caches, runner.backend)
+            meta = buf.meta(b, runner.max_model_len + K + 1, causal=False)
+            embeds = runner.model.embed_tokens(buf.ids[:t])
+            hidden = self.model(embeds, buf.pos[:t], meta, self.caches, runner.backend)
             return runner.model.compute_logits(hidden.view(b, K + 1, -1)[:, 1:]).argmax(-1)
 
         capture = dev.type == "cuda" and not runner.config.enforce_eager
@@ -128,31 +114,19 @@ class DFlashProposer(Proposer):
         self.graphs = BucketedGraphs("dflash query pass", fn, batch_buckets(max_b), dev, capture, pool)
 
     def _query_uniform(self, inputs: list[DraftInput], drafting: list[int]) -> list[list[int]]:
+        """The query pass as one graph replay over [last token, MASK x K] per drafting request."""
         assert self.graphs is not None
-        K, runner = self.num_speculative_tokens, self.runner
+        K = self.num_speculative_tokens
         b = self.graphs.bucket(len(drafting))
-        q = K + 1
-        ids = torch.zeros(b * q, dtype=torch.long)
-        pos = torch.zeros(b * q, dtype=torch.long)
-        slots = torch.full((b * q,), -1, dtype=torch.long)
-        seq = torch.zeros(b, dtype=torch.int32)
-        bt = torch.zeros((b, self.q_bt.shape[1]), dtype=torch.int32)
-        for j, i in enumerate(drafting):
-            inp = inputs[i]
-            n = len(inp.token_ids)
-            ids[j * q] = inp.token_ids[-1]
-            ids[j * q + 1 : (j + 1) * q] = self.model.mask_token_id
-            pos[j * q : (j + 1) * q] = torch.arange(n - 1, n - 1 + q)
-            slots[j * q : (j + 1) * q] = torch.tensor(
-                [runner.slot(inp.block_table, p) for p in range(n - 1, n - 1 + q)]
+        rows = [
+            (
+                [inputs[i].token_ids[-1]] + [self.model.mask_token_id] * K,
+                len(inputs[i].token_ids) - 1,
+                inputs[i].block_table,
             )
-            seq[j] = n - 1 + q
-            bt[j, : len(inp.block_table)] = torch.tensor(inp.block_table, dtype=torch.int32)
-        self.q_ids[: b * q].copy_(ids, non_blocking=True)
-        self.q_pos[: b * q].copy_(pos, non_blocking=True)
-        self.q_slots[: b * q].copy_(slots, non_blocking=True)
-        self.q_seq[:b].copy_(seq, non_blocking=True)
-        self.q_bt[:b].copy_(bt, non_blocking=True)
+            for i in drafting
+        ]
+        self.query.fill(b, rows, self.runner.block_size)
         drafts = self.graphs.run(b)[: len(drafting)].tolist()
         out: list[list[int]] = [[] for _ in inputs]
         for j, i in enumerate(drafting):
