@@ -15,9 +15,10 @@ run_server() {  # $1 label, $2.. serve args
 }
 for label in nospec spec; do
   if [ "$label" = spec ]; then run_server spec --speculative-config "$SPEC" "$@"; else run_server nospec --no-speculation "$@"; fi || continue
-  for c in 1 2 4; do
+  for c in ${CONCURRENCY:-1 2 4}; do
     python -m specserve bench serve --base-url http://127.0.0.1:8321 --dataset-name hf --hf-name philschmid/mt-bench \
       --dataset-path "$DATA" --num-prompts "$N" --max-concurrency "$c" --temperature 0 --disable-tqdm \
+      --hf-output-len "${OUTPUT_LEN:-256}" \
       --save-result --result-dir "$OUT" --result-filename "bench-$label-c$c.json" 2>&1 | tee "$OUT/bench-$label-c$c.txt" \
       | sed -n '/Serving Benchmark Result/,/^=*$/p'
   done
