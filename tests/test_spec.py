@@ -347,3 +347,31 @@ def test_padded_graph_path_equals_eager(method, tiny_qwen3_dir, baseline, dflash
     sp = SamplingParams(temperature=0, max_tokens=N, ignore_eos=True)
     outs = [o.outputs[0].token_ids for o in llm.generate(PROMPTS[:3], sp)]  # 3 requests -> bucket 4 (padded)
     assert outs == baseline[:3]
+
+
+def test_disable_padded_drafter_batch_takes_compacted_path(tiny_qwen3_dir, baseline, dflash_dir, eagle_dir):
+    for spec in (
+        {"method": "dflash", "model": dflash_dir, "num_speculative_tokens": 4},
+        {"method": "eagle3", "model": eagle_dir, "num_speculative_tokens": 3},
+    ):
+        padded = LLM(
+            tiny_qwen3_dir,
+            dtype="float32",
+            device="cpu",
+            max_num_seqs=4,
+            padded_decode=True,
+            speculative_config=spec,
+        )
+        assert padded.engine.runner.proposer.graphs is not None
+        spec = dict(spec, disable_padded_drafter_batch=True)
+        llm = LLM(
+            tiny_qwen3_dir,
+            dtype="float32",
+            device="cpu",
+            max_num_seqs=4,
+            padded_decode=True,
+            speculative_config=spec,
+        )
+        assert llm.engine.runner.proposer.graphs is None  # ragged host-side drafter batch
+        sp = SamplingParams(temperature=0, max_tokens=N, ignore_eos=True)
+        assert [o.outputs[0].token_ids for o in llm.generate(PROMPTS[:3], sp)] == baseline[:3]

@@ -8,7 +8,7 @@ import torch
 
 from specserve.config import SpeculativeConfig
 from specserve.models.dflash import DFlashDraftModel
-from specserve.spec.drafter_utils import PagedBatch, build_model, load_drafter_checkpoint
+from specserve.spec.drafter_utils import PagedBatch, build_model, drafter_graph_mode, load_drafter_checkpoint
 from specserve.spec.proposer import DraftInput, Proposer
 
 if TYPE_CHECKING:
@@ -90,11 +90,8 @@ class DFlashProposer(Proposer):
         self.caches = caches
         self.graphs = None
         runner = self.runner
-        if runner.config.padded_decode is False or (
-            runner.device.type != "cuda" and not runner.config.padded_decode
-        ):
-            return
-        if runner.config.enforce_eager and runner.config.padded_decode is None:
+        padded, capture = drafter_graph_mode(runner)
+        if not padded:
             return
         from specserve.runner.cuda_graphs import BucketedGraphs, PaddedBatch, batch_buckets
 
@@ -109,7 +106,6 @@ class DFlashProposer(Proposer):
             hidden = self.model(embeds, buf.pos[:t], meta, self.caches, runner.backend)
             return runner.model.compute_logits(hidden.view(b, K + 1, -1)[:, 1:]).argmax(-1)
 
-        capture = dev.type == "cuda" and not runner.config.enforce_eager
         pool = next(iter(runner.graphs.values())).pool if getattr(runner, "graphs", None) else None
         self.graphs = BucketedGraphs("dflash query pass", fn, batch_buckets(max_b), dev, capture, pool)
 

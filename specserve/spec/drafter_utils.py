@@ -24,6 +24,21 @@ def load_drafter_checkpoint(model: str, dummy: bool = False) -> tuple[dict[str, 
     return raw, ckpt
 
 
+def drafter_graph_mode(runner: ModelRunner) -> tuple[bool, bool]:
+    """(use the padded static-shape drafter batch, capture it in CUDA graphs).
+
+    Padded by default with CUDA graphs (as vLLM); ``disable_padded_drafter_batch`` takes the compacted host-side
+    path; the spec config's ``enforce_eager`` (or the engine's) keeps the drafter out of graphs.
+    """
+    cfg, spec = runner.config, runner.config.speculative_config
+    on_cuda = runner.device.type == "cuda"
+    padded = cfg.padded_decode if cfg.padded_decode is not None else (on_cuda and not cfg.enforce_eager)
+    if spec is not None and spec.disable_padded_drafter_batch:
+        padded = False
+    eager = cfg.enforce_eager or bool(spec is not None and spec.enforce_eager)
+    return padded, padded and on_cuda and not eager
+
+
 def build_model(runner: ModelRunner, factory: Any) -> Any:
     """Instantiate a drafter module on the runner's device and dtype."""
     with torch.device(runner.device):

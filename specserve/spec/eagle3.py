@@ -9,7 +9,7 @@ import torch
 
 from specserve.config import SpeculativeConfig
 from specserve.models.eagle3 import Eagle3DraftModel
-from specserve.spec.drafter_utils import PagedBatch, build_model, load_drafter_checkpoint
+from specserve.spec.drafter_utils import PagedBatch, build_model, drafter_graph_mode, load_drafter_checkpoint
 from specserve.spec.proposer import DraftInput, Proposer
 
 if TYPE_CHECKING:
@@ -81,11 +81,7 @@ class Eagle3Proposer(Proposer):
         self.cache = caches[0]
         runner, K = self.runner, self.num_speculative_tokens
         cfg = runner.config
-        padded = (
-            cfg.padded_decode
-            if cfg.padded_decode is not None
-            else (runner.device.type == "cuda" and not cfg.enforce_eager)
-        )
+        padded, capture = drafter_graph_mode(runner)
         if not padded or K < 2:
             return
         from specserve.layers.attention import AttnMetadata
@@ -118,7 +114,6 @@ class Eagle3Proposer(Proposer):
                 outs.append(tok)
             return torch.stack(outs, 1)
 
-        capture = dev.type == "cuda" and not cfg.enforce_eager
         self.graphs = BucketedGraphs("eagle3 draft steps", fn, batch_buckets(max_b), dev, capture)
 
     def _steps_uniform(
