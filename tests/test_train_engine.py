@@ -1,0 +1,139 @@
+"""Drafters trained by `specserve train` load in the engine, stay lossless, and the engine drafts exactly what
+the training-time module predicts (no silent train/inference mismatch: taps, RoPE, masks, mask token)."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import torch
+import transformers
+
+from specserve import LLM, SamplingParams
+from specserve.train.cli import main as train_main
+from specserve.train.export import load_drafter
+
+CYCLE = [1017, 4242, 999, 12345, 707, 20000, 640]
+
+
+@pytest.fixture(scope="module")
+def data_file(tmp_path_factory) -> str:
+    rng = random.Random(0)
+    path = tmp_path_factory.mktemp("data") / "data.jsonl"
+    with open(path, "w") as f:
+        for _ in range(32):
+            p = [1] + [rng.randrange(100, 40000) for _ in range(rng.randrange(3, 10))]
+            ph = rng.randrange(len(CYCLE))
+            r = [CYCLE[(ph + k) % len(CYCLE)] for k in range(rng.randrange(24, 40))] + [2]
+            f.write(json.dumps({"input_ids": p + r, "loss_mask": [0] * len(p) + [1] * len(r)}) + "\n")
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def trained(tiny_qwen3_dir, data_file, tmp_path_factory) -> dict[str, str]:
+    torch.set_num_threads(1)
+    out = tmp_path_factory.mktemp("drafters")
+    common = [
+        "--target",
+        tiny_qwen3_dir,
+        "--data",
+        data_file,
+        "--batch-size",
+        "8",
+        "--lr",
+        "3e-3",
+        "--max-steps",
+        "6",
+        "--epochs",
+        "100",
+        "--no-progress",
+        "--save-every",
+        "0",
+        "--device",
+        "cpu",
+    ]
+    assert (
+        train_main(
+            [
+                "dflash",
+                *common,
+                "--output",
+                str(out / "dflash"),
+                "--num-layers",
+                "2",
+                "--block-size",
+                "8",
+                "--num-anchors",
+                "16",
+                "--target-layer-ids",
+                "0",
+                "2",
+            ]
+        )
+        == 0
+    )
+    assert train_main(["eagle3", *common, "--output", str(out / "eagle3"), "--ttt-steps", "3"]) == 0
+    return {"dflash": str(out / "dflash"), "eagle3": str(out / "eagle3")}
+
+
+PROMPTS = ["The capital of France is", "1 2 3 4 5 6 7 8 9 10 1 2 3 4 5", "Once upon a time"]
+
+
+def test_trained_drafters_load_and_stay_lossless(tiny_qwen3_dir, trained):
+    sp = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+    base = [
+        o.outputs[0].token_ids
+        for o in LLM(tiny_qwen3_dir, dtype="float32", device="cpu").generate(PROMPTS, sp)
+    ]
+    for method, k in (("dflash", 7), ("eagle3", 3)):
+        llm = LLM(
+            tiny_qwen3_dir,
+            dtype="float32",
+            device="cpu",
+            speculative_config={"method": method, "model": trained[method], "num_speculative_tokens": k},
+        )
+        assert [o.outputs[0].token_ids for o in llm.generate(PROMPTS, sp)] == base
+        assert llm.get_metrics()["spec_decode_num_drafts"] > 0
+
+
+def test_engine_dflash_drafts_equal_training_module(tiny_qwen3_dir, trained, smol_tokenizer):
+    k = 7
+    llm = LLM(
+        tiny_qwen3_dir,
+        dtype="float32",
+        device="cpu",
+        speculative_config={"method": "dflash", "model": trained["dflash"], "num_speculative_tokens": k},
+    )
+    eng = llm.engine
+    prompt = smol_tokenizer(PROMPTS[0] + " and the answer is").input_ids
+    eng.add_request(
+        "r", {"prompt_token_ids": prompt}, SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+    )
+    eng.step()  # prefill: samples x_a and drafts the block [x_a, MASK x k] at position a
+    req = eng.requests["r"]
+    seq, engine_drafts = list(req.token_ids), list(req.spec_token_ids)
+    assert len(engine_drafts) == k
+
+    # the same block through the training-time module, with taps from transformers' forward
+    drafter = load_drafter(trained["dflash"]).eval()
+    cfg = json.loads(open(f"{trained['dflash']}/config.json").read())
+    ids = cfg["dflash_config"]["target_layer_ids"]
+    mask = cfg["dflash_config"]["mask_token_id"]
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tiny_qwen3_dir, dtype=torch.float32).eval()
+    a = len(seq) - 1
+    with torch.no_grad():
+        hs = hf(torch.tensor([seq[:a]]), output_hidden_states=True).hidden_states
+        taps = torch.cat([hs[i + 1] for i in ids], dim=-1)
+        block = torch.tensor([[seq[a]] + [mask] * k])
+        embeds = hf.get_input_embeddings()(block)
+        out = drafter(
+            embeds,
+            taps,
+            torch.arange(a, a + k + 1)[None],
+            torch.arange(a)[None],
+            torch.ones(1, k + 1, a, dtype=torch.bool),
+            backend="sdpa",
+        )
+        train_drafts = hf.lm_head(out[0, 1:]).argmax(-1).tolist()
+    assert engine_drafts == train_drafts
