@@ -308,3 +308,24 @@ def test_smollm2_gguf_answers_paris():
         SamplingParams(temperature=0, max_tokens=20),
     )[0]
     assert "Paris" in out.outputs[0].text
+
+
+def test_incremental_detokenization_matches_full_decode(smol_tokenizer):
+    from specserve.engine.engine import LLMEngine
+
+    class _Eng:
+        tokenizer = smol_tokenizer
+
+    text = "Héllo wörld — ünïcödé 日本語のテキスト 🙂🚀\n```python\ndef f(x):\n    return x**2\n```<|im_end|> tail"
+    ids = smol_tokenizer(text).input_ids
+    for skip in (True, False):
+        req = Request(
+            "d", smol_tokenizer("Q: ").input_ids, SamplingParams(skip_special_tokens=skip), max_tokens=999
+        )
+        full = smol_tokenizer.decode(ids, skip_special_tokens=skip)
+        for tok in ids:
+            req.token_ids.append(tok)
+            LLMEngine._detokenize(_Eng(), req)  # type: ignore[arg-type]
+            # never emits a broken multi-byte character, and is always a prefix of the final text
+            assert "\ufffd" not in req.output_text and full.startswith(req.output_text)
+        assert req.output_text == full

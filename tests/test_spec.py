@@ -375,3 +375,16 @@ def test_disable_padded_drafter_batch_takes_compacted_path(tiny_qwen3_dir, basel
         assert llm.engine.runner.proposer.graphs is None  # ragged host-side drafter batch
         sp = SamplingParams(temperature=0, max_tokens=N, ignore_eos=True)
         assert [o.outputs[0].token_ids for o in llm.generate(PROMPTS[:3], sp)] == baseline[:3]
+
+
+def test_spec_max_model_len_caps_drafting(tiny_qwen3_dir, smol_tokenizer, baseline, dflash_dir):
+    plen = len(smol_tokenizer(PROMPTS[0]).input_ids)
+    cap = plen + 6  # the drafter may only draft while the sequence stays within 6 tokens past the prompt
+    llm, outs = _spec_run(
+        tiny_qwen3_dir,
+        {"method": "dflash", "model": dflash_dir, "num_speculative_tokens": 4, "max_model_len": cap},
+        prompts=PROMPTS[:1],
+    )
+    assert outs == baseline[:1]
+    m = llm.get_metrics()
+    assert 0 < m["spec_decode_num_draft_tokens"] <= sum(range(1, 6))

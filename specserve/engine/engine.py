@@ -364,15 +364,23 @@ class LLMEngine:
         req.cumulative_logprob += chosen
 
     def _detokenize(self, req: Request) -> str | None:
-        """Refresh req.output_text; return the stop string that matched (text truncated before it), if any."""
+        """Append the text of the newest token(s) to req.output_text (incrementally: two short decodes per token,
+        holding back an incomplete UTF-8 character); return the stop string that matched (text truncated
+        before it, or after it with include_stop_str_in_output), if any."""
         p = req.params
-        text = self.tokenizer.decode(req.output_token_ids, skip_special_tokens=p.skip_special_tokens)
-        if text.endswith("\ufffd"):
-            text = text.rstrip("\ufffd")  # incomplete UTF-8 sequence: wait for the next token
+        ids = req.token_ids
+        skip = p.skip_special_tokens
+        prefix_text = self.tokenizer.decode(
+            ids[req.prefix_offset : req.read_offset], skip_special_tokens=skip
+        )
+        new_text = self.tokenizer.decode(ids[req.prefix_offset :], skip_special_tokens=skip)
         prev_len = len(req.output_text)
-        req.output_text = text
-        if not p.stop:
+        if len(new_text) > len(prefix_text) and not new_text.endswith("\ufffd"):
+            req.output_text += new_text[len(prefix_text) :]
+            req.prefix_offset, req.read_offset = req.read_offset, len(ids)
+        if not p.stop or len(req.output_text) == prev_len:
             return None
+        text = req.output_text
         longest = max(len(s) for s in p.stop)
         search_from = max(0, prev_len - longest + 1)
         best: tuple[int, str] | None = None

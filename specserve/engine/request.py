@@ -47,7 +47,10 @@ class Request:
     output_logprobs: list[dict[int, Logprob]] = field(default_factory=list)
     cumulative_logprob: float = 0.0
     output_text: str = ""
-    detok: Any = None  # incremental detokenizer state
+    # incremental detokenization (vLLM's scheme): token_ids[prefix_offset:read_offset] is already in the text;
+    # decoding from prefix_offset keeps a little left context so spaces and multi-byte characters come out right
+    prefix_offset: int = 0
+    read_offset: int = 0
     stop_reason: int | str | None = None
     first_token_time: float | None = None
     num_preemptions: int = 0
@@ -55,6 +58,8 @@ class Request:
     def __post_init__(self) -> None:
         if not self.token_ids:
             self.token_ids = list(self.prompt_token_ids)
+        self.read_offset = len(self.prompt_token_ids)
+        self.prefix_offset = max(0, self.read_offset - 5)
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -105,6 +105,7 @@ class ModelRunner:
         spec = config.speculative_config
         k = spec.num_speculative_tokens if spec else 0
         self.num_speculative_tokens = k
+        self.draft_max_model_len = spec.max_model_len if spec and spec.max_model_len else max_model_len
         with torch.device(device):
             prev = torch.get_default_dtype()
             torch.set_default_dtype(dtype)
@@ -400,7 +401,8 @@ class ModelRunner:
                 new = emitted[i]
                 committed = req.token_ids + new if new else req.token_ids
                 num_valid = s.num_new_tokens + (len(new) - 1 if new else 0)
-                remaining_len = self.max_model_len - len(committed) - 1
+                # the drafter's own context cap (speculative_config.max_model_len), as vLLM: no drafts past it
+                remaining_len = min(self.max_model_len, self.draft_max_model_len) - len(committed) - 1
                 remaining_out = req.max_tokens - (req.num_output_tokens + len(new)) - 1
                 inputs.append(
                     DraftInput(
