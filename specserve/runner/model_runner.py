@@ -239,6 +239,28 @@ class ModelRunner:
         self.padded[q].fill(b, rows, self.block_size)
         return graphs.run(b)
 
+    def _forward_ragged(self, items: list) -> tuple[torch.Tensor, torch.Tensor | None, list[int]]:  # type: ignore[type-arg]
+        """Eager varlen forward over any mix of prefill chunks, decode tokens and draft blocks."""
+        input_ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        q_lens: list[int] = []
+        seq_lens: list[int] = []
+        for s in items:
+            req, start = s.req, s.start
+            toks = req.token_ids[start : start + s.num_new_tokens] + s.spec_token_ids
+            input_ids.extend(toks)
+            pos = range(start, start + len(toks))
+            positions.extend(pos)
+            slots.extend(self.slot(req.block_table, p) for p in pos)
+            q_lens.append(len(toks))
+            seq_lens.append(start + len(toks))
+        meta = self.build_metadata(q_lens, seq_lens, [s.req.block_table for s in items], slots)
+        ids_t = torch.tensor(input_ids, dtype=torch.long, device=self.device)
+        pos_t = torch.tensor(positions, dtype=torch.long, device=self.device)
+        hidden, features = self.model(ids_t, pos_t, meta)
+        return hidden, features, q_lens
+
     # ------------------------------------------------------------------ helpers
     def build_metadata(
         self,
@@ -300,33 +322,13 @@ class ModelRunner:
         if self.use_padded and all(s.num_new_tokens == 1 and s.samples for s in items):
             if len(items) <= self.config.max_num_seqs:
                 uniform_q = 1 + self.num_speculative_tokens if any(s.spec_token_ids for s in items) else 1
-        input_ids: list[int] = []
-        positions: list[int] = []
-        slots: list[int] = []
-        q_lens: list[int] = []
-        seq_lens: list[int] = []
-        tables: list[list[int]] = []
-        for s in items:
-            req = s.req
-            start, n = s.start, s.num_new_tokens
-            toks = req.token_ids[start : start + n] + s.spec_token_ids
-            input_ids.extend(toks)
-            pos = range(start, start + len(toks))
-            positions.extend(pos)
-            slots.extend(self.slot(req.block_table, p) for p in pos)
-            q_lens.append(len(toks))
-            seq_lens.append(start + len(toks))
-            tables.append(req.block_table)
         all_logits: torch.Tensor | None = None
         t_start = self._mark()
         if uniform_q:
             all_logits, features = self._forward_uniform(items, uniform_q)
             q_lens = [uniform_q] * len(items)
         else:
-            meta = self.build_metadata(q_lens, seq_lens, tables, slots)
-            ids_t = torch.tensor(input_ids, dtype=torch.long, device=self.device)
-            pos_t = torch.tensor(positions, dtype=torch.long, device=self.device)
-            hidden, features = self.model(ids_t, pos_t, meta)
+            hidden, features, q_lens = self._forward_ragged(items)
 
         # rows to verify / sample: for each sampling request its last 1 + num_spec rows
         sampling = [i for i, s in enumerate(items) if s.samples]
