@@ -493,19 +493,23 @@ async def benchmark(
         connector=connector, trust_env=True, timeout=aiohttp.ClientTimeout(total=6 * 3600)
     )
     try:
-        first = input_requests[0]
-        test_input = RequestFuncInput(
-            prompt=first.prompt,
-            api_url=api_url,
-            prompt_len=first.prompt_len,
-            output_len=first.expected_output_len,
-            model=model_id,
-            model_name=model_name,
-            logprobs=logprobs,
-            ignore_eos=ignore_eos,
-            extra_body=extra_body,
-            extra_headers=extra_headers,
-        )
+
+        def make_input(req: Any, request_id: str | None = None) -> RequestFuncInput:
+            return RequestFuncInput(
+                prompt=req.prompt,
+                api_url=api_url,
+                prompt_len=req.prompt_len,
+                output_len=req.expected_output_len,
+                model=model_id,
+                model_name=model_name,
+                logprobs=logprobs,
+                ignore_eos=ignore_eos,
+                extra_body=extra_body,
+                extra_headers=extra_headers,
+                request_id=request_id,
+            )
+
+        test_input = make_input(input_requests[0])
         print("Starting initial single prompt test run...")
         if ready_check_timeout_sec > 0:
             test_output = await wait_for_endpoint(request_func, test_input, session, ready_check_timeout_sec)
@@ -548,20 +552,7 @@ async def benchmark(
         start = time.perf_counter()
         tasks: list[asyncio.Task[RequestFuncOutput]] = []
         async for req in get_request(input_requests, request_rate, burstiness, seed):
-            inp = RequestFuncInput(
-                prompt=req.prompt,
-                api_url=api_url,
-                prompt_len=req.prompt_len,
-                output_len=req.expected_output_len,
-                model=model_id,
-                model_name=model_name,
-                logprobs=logprobs,
-                ignore_eos=ignore_eos,
-                extra_body=extra_body,
-                extra_headers=extra_headers,
-                request_id=req.request_id,
-            )
-            tasks.append(asyncio.create_task(limited(inp)))
+            tasks.append(asyncio.create_task(limited(make_input(req, req.request_id))))
         outputs = list(await asyncio.gather(*tasks))
         duration = time.perf_counter() - start
         if pbar is not None:
