@@ -329,3 +329,21 @@ def test_incremental_detokenization_matches_full_decode(smol_tokenizer):
             # never emits a broken multi-byte character, and is always a prefix of the final text
             assert "\ufffd" not in req.output_text and full.startswith(req.output_text)
         assert req.output_text == full
+
+
+def test_load_format_dummy_needs_only_config(tiny_qwen3_dir, tmp_path):
+    import shutil
+
+    cfg_only = tmp_path / "cfg_only"
+    cfg_only.mkdir()
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(f"{tiny_qwen3_dir}/{name}", cfg_only / name)
+    with pytest.raises(ValueError, match="No weights"):
+        LLM(str(cfg_only), device="cpu")
+    llm = LLM(str(cfg_only), device="cpu", load_format="dummy")
+    out = llm.generate("hello", SamplingParams(temperature=0, max_tokens=5, ignore_eos=True))[0]
+    assert len(out.outputs[0].token_ids) == 5
+    real = LLM(tiny_qwen3_dir, device="cpu").generate(
+        "hello", SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
+    )[0]
+    assert out.outputs[0].token_ids != real.outputs[0].token_ids  # random weights, not the checkpoint's

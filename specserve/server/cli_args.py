@@ -181,6 +181,12 @@ def make_arg_parser() -> OneLineArgumentParser:
     e.add_argument("--trust-remote-code", action="store_true")
     e.add_argument("--enforce-eager", action="store_true", help="Disable CUDA graphs.")
     e.add_argument(
+        "--load-format",
+        choices=["auto", "dummy"],
+        default="auto",
+        help="dummy: random weights from config.json (benchmarking), as vLLM's --load-format dummy.",
+    )
+    e.add_argument(
         "--generation-config",
         default="auto",
         help="'auto' (use the model's generation_config.json as request defaults), 'vllm', or a folder.",
@@ -287,6 +293,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         "seed": args.seed,
         "speculative_config": None if args.no_speculation else args.speculative_config,
         "enforce_eager": args.enforce_eager,
+        "load_format": args.load_format,
         "trust_remote_code": args.trust_remote_code,
         "generation_config": args.generation_config,
         "disable_log_stats": args.disable_log_stats,
