@@ -117,6 +117,13 @@ def error_response(
     return JSONResponse(body.model_dump(), status_code=status)
 
 
+def _stream_error(e: Exception, request_id: str) -> list[str]:
+    """An error raised mid-stream: an SSE error event, then [DONE] (vLLM's behaviour)."""
+    if not isinstance(e, (ValueError, APIError)):
+        logger.exception("error while streaming %s", request_id)
+    return [_sse(_error_json(_to_api_error(e))), _sse("[DONE]")]
+
+
 def _error_json(err: APIError) -> str:
     return ErrorResponse(
         error=ErrorInfo(message=err.message, type=err.err_type, param=err.param, code=err.status)
@@ -680,10 +687,8 @@ class OpenAIServing:
                 yield _sse(chunk.model_dump_json(exclude_unset=True, exclude_none=False))
             yield _sse("[DONE]")
         except Exception as e:  # noqa: BLE001 - reported in-band, as vLLM does
-            if not isinstance(e, (ValueError, APIError)):
-                logger.exception("error while streaming %s", request_id)
-            yield _sse(_error_json(_to_api_error(e)))
-            yield _sse("[DONE]")
+            for event in _stream_error(e, request_id):
+                yield event
         finally:
             self.cleanup(gens)
 
@@ -849,10 +854,8 @@ class OpenAIServing:
                 yield _sse(chunk.model_dump_json(exclude_unset=True))
             yield _sse("[DONE]")
         except Exception as e:  # noqa: BLE001 - reported in-band, as vLLM does
-            if not isinstance(e, (ValueError, APIError)):
-                logger.exception("error while streaming %s", request_id)
-            yield _sse(_error_json(_to_api_error(e)))
-            yield _sse("[DONE]")
+            for event in _stream_error(e, request_id):
+                yield event
         finally:
             self.cleanup(gens)
 
