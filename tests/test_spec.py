@@ -92,7 +92,7 @@ def test_greedy_lossless_batched(method, k, tiny_qwen3_dir, baseline, dflash_dir
     assert m["spec_decode_num_draft_tokens"] >= m["spec_decode_num_drafts"]
     assert len(m["spec_decode_num_accepted_tokens_per_pos"]) == k
     assert sum(m["spec_decode_num_accepted_tokens_per_pos"]) == m["spec_decode_num_accepted_tokens"]
-    assert m["num_free_blocks"] == m["num_gpu_blocks"] or m["prefix_cache_queries"] > 0
+    assert m["num_free_blocks"] == m["num_gpu_blocks"]  # target and drafter blocks all released
 
 
 @pytest.mark.parametrize("batch", [1, 2, 3])
