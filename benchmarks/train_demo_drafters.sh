@@ -14,7 +14,8 @@
 # 3. export to specserve/assets/smollm2-135m-{dflash,eagle3}/ (config.json, model.safetensors, training.json);
 #    copies also land in $OUT when set (the device runner brings $OUT back).
 #
-# Env overrides: WORK_DIR, ASSETS_DIR, GENERATOR (engine|hf|auto), GEN_PROCS, DFLASH_STEPS, EAGLE_STEPS.
+# Env overrides: WORK_DIR, ASSETS_DIR, GENERATOR (engine|hf|auto), GEN_PROCS, DFLASH_STEPS, EAGLE_STEPS,
+# BUDGET (seconds for the whole script, default 540: training gets what data generation leaves, via --max-time).
 set -euo pipefail
 : "${SMOLLM2_GGUF:?set SMOLLM2_GGUF to SmolLM2-135M-Instruct.Q4_1.gguf}"
 : "${DATA_DIR:?set DATA_DIR to the shared data directory (gsm8k_train.jsonl, corpus/, ...)}"
@@ -27,8 +28,9 @@ WORK=${WORK_DIR:-/tmp/specserve-train-demo}
 ASSETS=${ASSETS_DIR:-specserve/assets}
 GENERATOR=${GENERATOR:-engine}
 GEN_PROCS=${GEN_PROCS:-4}
-DFLASH_STEPS=${DFLASH_STEPS:-360}   # x 32 sequences ~= 2 epochs of ~5.8k samples, ~3 min
-EAGLE_STEPS=${EAGLE_STEPS:-480}     # x 32 sequences ~= 3 epochs, ~3 min (runs alongside DFlash, ~0.35 s/step)
+DFLASH_STEPS=${DFLASH_STEPS:-3000}  # upper bounds: the time budget decides (both train side by side)
+EAGLE_STEPS=${EAGLE_STEPS:-3000}
+BUDGET=${BUDGET:-540}
 mkdir -p "$WORK"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 T0=$(date +%s)
@@ -42,8 +44,11 @@ $TRAIN dflash --target "$SMOLLM2_GGUF" --output "$WORK/data" --work-dir "$WORK/d
     --generator "$GENERATOR" --gen-procs "$GEN_PROCS" --gen-batch-size 512 --seed 0
 T1=$(date +%s); echo "[demo] data generated in $((T1 - T0)) s" >&2
 
-# ---- 2. train both drafters concurrently
-COMMON=(--target "$SMOLLM2_GGUF" --data "$WORK/data/data.jsonl" --batch-size 32 --max-length 1536
+# ---- 2. train both drafters concurrently, for what is left of the budget (75 s kept for start-up and export)
+TRAIN_TIME=$((BUDGET - (T1 - T0) - 75))
+[ "$TRAIN_TIME" -gt 30 ] || { echo "[demo] no time left to train ($TRAIN_TIME s)" >&2; exit 1; }
+echo "[demo] training budget $TRAIN_TIME s" >&2
+COMMON=(--max-time "$TRAIN_TIME" --target "$SMOLLM2_GGUF" --data "$WORK/data/data.jsonl" --batch-size 32 --max-length 1536
         --epochs 100 --lr 6e-4 --warmup-ratio 0.04 --save-every 0 --log-every 20 --seed 0 --no-progress)
 $TRAIN dflash "${COMMON[@]}" --output "$ASSETS/smollm2-135m-dflash" --work-dir "$WORK/dflash" \
     --num-layers 3 --intermediate-size 704 --block-size 16 --num-anchors 256 --max-steps "$DFLASH_STEPS" \

@@ -468,6 +468,20 @@ def test_resume_equals_uninterrupted_run(tmp_path, tiny):
     assert all(int(s["step"]) == 8 for s in c2["optimizer"]["state"].values())
 
 
+def test_max_time_shrinks_the_schedule_to_the_budget(tmp_path, tiny):
+    """--max-time: after the calibration steps the run's length (and cosine schedule) is cut to fit the budget;
+    the final LR reaches the schedule's end, and a budget that fits changes nothing."""
+    res = run(parse_args(_dflash_args(tiny, str(tmp_path / "a"), "--max-steps", "400", "--epochs", "100",
+                                      "--max-time", "0.001")))  # fmt: skip
+    assert res.metrics["total_steps"] == res.metrics["steps"] < 400
+    assert res.metrics["steps"] == 20  # min(20, 400 // 10) calibration steps, then no time left
+    roomy = run(parse_args(_dflash_args(tiny, str(tmp_path / "b"), "--max-steps", "6", "--epochs", "100",
+                                        "--max-time", "3600")))  # fmt: skip
+    assert roomy.metrics["total_steps"] == roomy.metrics["steps"] == 6
+    assert main(["dflash", "--target", tiny["target"], "--data", tiny["data"], "--output", str(tmp_path / "c"),
+                 "--max-time", "-1"]) == 2  # fmt: skip
+
+
 # ------------------------------------------------------------------------------------------ export
 
 

@@ -115,6 +115,12 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument(
         "--save-every", type=int, default=500, help="checkpoint every N steps (0: only at the end)"
     )
+    o.add_argument(
+        "--max-time",
+        type=float,
+        default=None,
+        help="wall-clock budget in seconds: after a few steps the cosine schedule shrinks to end within it",
+    )
     o.add_argument("--resume", action="store_true", help="continue from <work-dir>/checkpoint.pt")
     o.add_argument("--stop-after", type=int, default=None, help=argparse.SUPPRESS)
     o.add_argument("--attn-backend", choices=["auto", "split", "sdpa"], default="auto")
@@ -148,6 +154,7 @@ def _validate(a: argparse.Namespace) -> None:
     positive("max_steps", a.max_steps)
     positive("epochs", a.epochs, allow_zero=a.max_steps is not None)
     positive("gamma", a.gamma)
+    positive("max_time", a.max_time)
     positive("draft_vocab_size", a.draft_vocab_size)
     for name in ("save_every", "self_prompts", "weight_decay", "max_grad_norm", "gen_temperature"):
         positive(name, getattr(a, name), allow_zero=True)
@@ -490,6 +497,7 @@ def run(a: argparse.Namespace) -> TrainResult:
         attn_backend=a.attn_backend,
         log_every=a.log_every,
         stop_after=a.stop_after,
+        max_time=a.max_time,
         progress=not a.no_progress,
     )
     trainer = Trainer(drafter, target, samples, targs)

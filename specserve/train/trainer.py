@@ -44,6 +44,7 @@ class TrainArgs:
     ce_chunk: int = 8192
     log_every: int = 10
     stop_after: int | None = None  # stop early (as if interrupted) after this step; schedule unchanged
+    max_time: float | None = None  # wall-clock budget (s): the schedule shrinks to fit it
     progress: bool = True
 
 
@@ -109,9 +110,10 @@ class Trainer:
         if args.max_steps is not None:
             total = min(total, args.max_steps) if args.epochs > 0 else args.max_steps
         self.total_steps = max(1, total)
-        warmup = int(math.ceil(args.warmup_ratio * self.total_steps))
+        self.warmup_steps = int(math.ceil(args.warmup_ratio * self.total_steps))
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda s: cosine_schedule(s, self.total_steps, warmup, args.min_lr_ratio)
+            self.optimizer,
+            lambda s: cosine_schedule(s, self.total_steps, self.warmup_steps, args.min_lr_ratio),
         )
         self.generator = torch.Generator().manual_seed(args.seed * 7919 + self.rank)
         self.step = 0
@@ -236,6 +238,7 @@ class Trainer:
         last: dict[str, Any] = {}
         t0 = time.time()
         start_step = self.step
+        calib = min(20, max(2, self.total_steps // 10))
         while self.step < end:
             epoch, offset = divmod(self.step, self.steps_per_epoch)
             plan = batch_plan(self.lengths, args.batch_size, epoch, args.seed, self.rank, self.world)
@@ -247,6 +250,9 @@ class Trainer:
                     window[k] = window[k] + v.detach() if k in window else v.detach().clone()
                 n_window += 1
                 bar.update(1)
+                if args.max_time is not None and self.step - start_step == calib:
+                    end = self._fit_time_budget(time.time() - t0, calib, end)
+                    bar.total = self.total_steps
                 if self.step % max(1, args.log_every) == 0 or self.step == end:
                     red = self._reduce({k: (v / n_window if k == "loss" else v) for k, v in window.items()})
                     last = summarize(red)
@@ -275,6 +281,29 @@ class Trainer:
             final=last,
             history=self.history,
         )
+
+    def _fit_time_budget(self, elapsed: float, done: int, end: int) -> int:
+        """Shrink ``total_steps`` (the cosine schedule's length) so the run ends within ``max_time`` seconds.
+
+        The estimate uses the mean time of the first ``done`` steps of this run; ranks agree on rank 0's choice.
+        """
+        assert self.args.max_time is not None
+        per_step = elapsed / max(1, done)
+        fit = self.step + int(max(0.0, self.args.max_time - elapsed) / max(per_step, 1e-9))
+        total = torch.tensor([min(self.total_steps, max(self.step, fit))], dtype=torch.long)
+        if self.world > 1:
+            total = total.to(self.device)
+            dist.broadcast(total, src=0)
+        new_total = int(total.item())
+        if new_total < self.total_steps and self.rank == 0:
+            print(
+                f"time budget {self.args.max_time:.0f} s at {per_step:.3f} s/step: "
+                f"{self.total_steps} -> {new_total} steps",
+                flush=True,
+            )
+        self.total_steps = new_total
+        self.warmup_steps = int(math.ceil(self.args.warmup_ratio * new_total))
+        return min(end, new_total)
 
     def args_dict(self) -> dict[str, Any]:
         return asdict(self.args)
