@@ -105,12 +105,12 @@ class LLMEngine:
         weights = None if dummy else ckpt.iter_weights(dtype)
         self.runner = ModelRunner(config, mc, weights, device, dtype, max_len, ckpt)
         self.num_spec = self.runner.num_speculative_tokens
-        num_blocks = self.runner.determine_num_blocks()
+        mnbt = config.max_num_batched_tokens or max(2048, config.max_num_seqs * (self.num_spec + 1))
+        num_blocks = self.runner.determine_num_blocks(mnbt)
         self.runner.allocate_kv_cache(num_blocks)
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         if self.runner.proposer is not None:
             self.block_manager.drop_last_cached_block = self.runner.proposer.drop_last_cached_block
-        mnbt = config.max_num_batched_tokens or max(2048, config.max_num_seqs * (self.num_spec + 1))
         if mnbt < config.max_num_seqs * (self.num_spec + 1) and self.num_spec:
             logger.warning(
                 "max_num_batched_tokens=%d leaves no room to verify drafts for every sequence", mnbt

@@ -143,25 +143,79 @@ class ModelRunner:
             total += 2 * self.block_size * spec[0] * spec[1] * spec[2]
         return total * torch.empty((), dtype=self.dtype).element_size()
 
-    def determine_num_blocks(self) -> int:
+    def determine_num_blocks(self, max_num_batched_tokens: int = 2048) -> int:
+        """KV blocks for target + drafter. On CUDA: what ``gpu_memory_utilization`` of the device leaves after the
+        loaded weights, the peak activations of a profiling forward (the largest prefill chunk) and a reserve for
+        the CUDA graphs (the activations of the largest verify batch, measured the same way)."""
         if self.config.num_gpu_blocks:
             return self.config.num_gpu_blocks
         per_block = self.kv_bytes_per_block()
         if self.device.type == "cuda":
+            prefill_peak = self.profile_forward(max_num_batched_tokens)
+            graph_peak = 0
+            if not self.config.enforce_eager:
+                graph_peak = self.profile_forward(
+                    self.config.max_num_seqs * (1 + self.num_speculative_tokens)
+                )
             torch.cuda.empty_cache()
             free, total = torch.cuda.mem_get_info(self.device)
             used = total - free
-            budget = int(total * self.config.gpu_memory_utilization) - used
-            if budget <= 0:
+            budget = int(total * self.config.gpu_memory_utilization) - used - prefill_peak - graph_peak
+            logger.info(
+                "memory profile: weights and runtime %.2f GiB, profiling forward of %d tokens %.2f GiB, CUDA graph "
+                "reserve %.2f GiB; KV cache budget %.2f GiB (gpu_memory_utilization %.2f of %.1f GiB)",
+                used / 2**30,
+                max_num_batched_tokens,
+                prefill_peak / 2**30,
+                graph_peak / 2**30,
+                max(0, budget) / 2**30,
+                self.config.gpu_memory_utilization,
+                total / 2**30,
+            )
+            if budget < per_block:
                 raise ValueError(
-                    f"No memory left for the KV cache: weights and activations use {used / 2**30:.1f} GiB of "
-                    f"{total / 2**30:.1f} GiB; raise --gpu-memory-utilization ({self.config.gpu_memory_utilization})."
+                    f"No memory left for the KV cache: weights, runtime and activations use "
+                    f"{(used + prefill_peak + graph_peak) / 2**30:.1f} GiB of {total / 2**30:.1f} GiB; raise "
+                    f"--gpu-memory-utilization ({self.config.gpu_memory_utilization}) or lower "
+                    "--max-num-batched-tokens / --max-num-seqs."
                 )
         else:
             budget = int(self.config.cpu_kv_cache_gb * 2**30)
         # never more than needed for max_num_seqs full-length sequences (keeps CPU memory modest)
         cap = self.config.max_num_seqs * (-(-(self.max_model_len + 64) // self.block_size) + 1)
         return max(1, min(budget // per_block, cap))
+
+    @torch.inference_mode()
+    def profile_forward(self, num_tokens: int) -> int:
+        """Peak bytes allocated by an eager forward of ``num_tokens`` tokens (one request) plus the LM head over
+        the rows a step can sample. K/V go nowhere (slot -1) and attention reads a one-block scratch cache, so the
+        measurement costs no KV memory."""
+        c = self.model_config
+        num_tokens = max(1, min(num_tokens, self.max_model_len))
+        scratch = (1, self.block_size, c.num_key_value_heads, c.head_dim)
+        saved = self.model.kv_caches
+        self.model.kv_caches = [
+            (torch.zeros(scratch, dtype=self.dtype, device=self.device),) * 2
+            for _ in range(c.num_hidden_layers)
+        ]
+        try:
+            torch.cuda.synchronize(self.device)
+            base = torch.cuda.memory_allocated(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            meta = self.build_metadata(
+                [num_tokens], [num_tokens], [[0] * (-(-num_tokens // self.block_size))], [-1] * num_tokens
+            )
+            ids = torch.zeros(num_tokens, dtype=torch.long, device=self.device)
+            pos = torch.arange(num_tokens, dtype=torch.long, device=self.device)
+            hidden, _ = self.model(ids, pos, meta)
+            rows = min(num_tokens, self.config.max_num_seqs * (1 + self.num_speculative_tokens))
+            self.model.compute_logits(hidden[-rows:]).float().softmax(-1)
+            torch.cuda.synchronize(self.device)
+            peak = torch.cuda.max_memory_allocated(self.device) - base
+        finally:
+            self.model.kv_caches = saved
+            torch.cuda.empty_cache()
+        return int(peak)
 
     def allocate_kv_cache(self, num_blocks: int) -> None:
         c = self.model_config
