@@ -223,12 +223,17 @@ class ModelRunner:
             buf = self.padded[q] = PaddedBatch(max_b, q, self.max_blocks_per_seq, dev)
 
             def fn(b: int, buf: PaddedBatch = buf) -> tuple[torch.Tensor, torch.Tensor | None]:
-                t = b * buf.q
+                v = buf.views(b)
                 meta = buf.meta(b, self.max_model_len + buf.q)
-                hidden, feats = self.model(buf.ids[:t], buf.pos[:t], meta)
+                hidden, feats = self.model(v.ids, v.pos, meta)
                 return self.model.compute_logits(hidden).float(), feats
 
-            self.graphs[q] = BucketedGraphs(f"target q_len={q}", fn, batch_buckets(max_b), dev, capture, pool)
+            def prepare(b: int, buf: PaddedBatch = buf) -> None:
+                buf.fill(b, [], self.block_size)
+
+            self.graphs[q] = BucketedGraphs(
+                f"target q_len={q}", fn, batch_buckets(max_b), dev, capture, pool, prepare=prepare
+            )
             pool = self.graphs[q].pool
 
     def _forward_uniform(self, items: list, q: int) -> tuple[torch.Tensor, torch.Tensor | None]:  # type: ignore[type-arg]
