@@ -4,6 +4,9 @@
 captured once (largest first, one shared memory pool) and replayed after the caller has copied the real
 inputs into the buffers. Without CUDA (or with capture off) the same padded path simply runs eagerly, which
 is how CPU tests check that the graph path computes what the eager path does.
+
+``PaddedBatch`` holds the static inputs of a padded batch (tokens, positions, slots, seq lens, block tables)
+and refreshes them with numpy writes into one (pinned) staging buffer plus a single host-to-device copy.
 """
 
 from __future__ import annotations
@@ -11,8 +14,9 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
+import numpy as np
 import torch
 
 logger = logging.getLogger("specserve")
@@ -33,7 +37,10 @@ class BucketedGraphs:
         device: torch.device,
         capture: bool,
         pool: Any = None,
+        prepare: Callable[[int], None] | None = None,
     ) -> None:
+        """``prepare(b)``, when given, puts the static buffers in a harmless state for bucket b (e.g. an empty
+        padded batch: no KV writes) before its warm-up runs and capture."""
         self.name, self.fn, self.buckets = name, fn, sorted(buckets)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, Any] = {}
@@ -41,6 +48,8 @@ class BucketedGraphs:
         if capture and device.type == "cuda":
             t0 = time.perf_counter()
             for b in reversed(self.buckets):
+                if prepare is not None:
+                    prepare(b)
                 s = torch.cuda.Stream(device)
                 s.wait_stream(torch.cuda.current_stream(device))
                 with torch.cuda.stream(s):
@@ -80,32 +89,84 @@ class BucketedGraphs:
         return self.outputs[b]
 
 
+class BucketViews(NamedTuple):
+    """One bucket's views of a PaddedBatch's buffers (device or host staging)."""
+
+    ids: torch.Tensor  # int64 [b*q]
+    pos: torch.Tensor  # int64 [b*q]
+    slots: torch.Tensor  # int64 [b*q]
+    seq: torch.Tensor  # int32 [b]
+    bt: torch.Tensor  # int32 [b, max_blocks]
+
+
 class PaddedBatch:
     """Static device buffers for a batch of up to ``max_batch`` requests of exactly ``q`` query tokens each.
 
     ``fill`` pads to a bucket: request j gets its tokens (the rest of its q rows are token 0 and write no KV),
     positions ``first_pos .. first_pos + q - 1`` and seq_len ``first_pos + q``; requests past the real batch get
-    seq_len 0 (the attention kernel outputs zeros for them) and slot -1 everywhere.
+    seq_len 0 (the attention kernel outputs zeros for them) and slot -1 everywhere.  Request j's block-table row
+    is its table, then zeros at least up to the block of its last position; later columns (and the rows of
+    requests past the real batch) are unspecified: attention never reads past seq_len.
+
+    Layout: everything lives in ONE byte buffer whose layout depends on the bucket ``b`` (each bucket's graph
+    is captured on its own views, see ``views``): int64 ``ids[b*q] | pos[b*q] | slots[b*q]``, then int32
+    ``seq[b] | bt[b, max_blocks]``.  ``fill`` writes the values with numpy into a host staging buffer of the
+    same layout (pinned on CUDA) and moves them with a single host-to-device copy; on CPU the staging buffer
+    *is* the device buffer, so there is no copy at all.
     """
 
     def __init__(self, max_batch: int, q: int, max_blocks: int, device: torch.device) -> None:
-        self.q = q
-        t = max_batch * q
-        self.ids = torch.zeros(t, dtype=torch.long, device=device)
-        self.pos = torch.zeros(t, dtype=torch.long, device=device)
-        self.slots = torch.full((t,), -1, dtype=torch.long, device=device)
+        self.q, self.max_batch, self.max_blocks = q, max_batch, max_blocks
+        self.device = device
+        nbytes = self._nbytes(max_batch, max_batch)
+        self._dev = torch.zeros(nbytes, dtype=torch.uint8, device=device)
+        if device.type == "cpu":
+            self._host = self._dev
+        else:
+            self._host = torch.zeros(nbytes, dtype=torch.uint8, pin_memory=device.type == "cuda")
+        self._host_np = self._host.numpy()
+        self._copied: Any = None  # CUDA event recorded after the last host-to-device copy
         self.qsl = torch.arange(0, (max_batch + 1) * q, q, dtype=torch.int32, device=device)
-        self.seq = torch.zeros(max_batch, dtype=torch.int32, device=device)
-        self.bt = torch.zeros((max_batch, max_blocks), dtype=torch.int32, device=device)
+        self._dev_views: dict[int, BucketViews] = {}
+        self._host_views: dict[int, tuple[np.ndarray, ...]] = {}
+        self._zeros = [0] * q
+        self._cols = np.arange(q)
+
+    def _nbytes(self, b: int, rows: int) -> int:
+        """Bytes of bucket b's layout up to the end of the first ``rows`` block-table rows."""
+        return 24 * b * self.q + 4 * b + 4 * rows * self.max_blocks
+
+    def views(self, b: int) -> BucketViews:
+        """Device views for bucket b (the same tensors every call: graphs read them)."""
+        v = self._dev_views.get(b)
+        if v is None:
+            t, raw = b * self.q, self._dev
+            i64 = raw[: 24 * t].view(torch.int64)
+            i32 = raw[24 * t : self._nbytes(b, b)].view(torch.int32)
+            v = BucketViews(i64[:t], i64[t : 2 * t], i64[2 * t :], i32[:b], i32[b:].view(b, self.max_blocks))
+            self._dev_views[b] = v
+        return v
+
+    def _staging(self, b: int) -> tuple[np.ndarray, ...]:
+        """Host numpy views for bucket b: ids/pos/slots as [b, q] int64, seq [b] and bt [b, max_blocks] int32."""
+        v = self._host_views.get(b)
+        if v is None:
+            t, raw = b * self.q, self._host_np
+            i64 = raw[: 24 * t].view(np.int64).reshape(3, b, self.q)
+            i32 = raw[24 * t : self._nbytes(b, b)].view(np.int32)
+            v = (i64[0], i64[1], i64[2], i32[:b], i32[b:].reshape(b, self.max_blocks))
+            self._host_views[b] = v
+        return v
 
     def meta(self, b: int, max_seq_len: int, causal: bool = True) -> Any:
         from specserve.layers.attention import AttnMetadata
 
+        v = self.views(b)
         return AttnMetadata(
             self.qsl[: b + 1],
-            self.seq[:b],
-            self.bt[:b],
-            self.slots[: b * self.q],
+            v.seq,
+            v.bt,
+            v.slots,
             max_query_len=self.q,
             max_seq_len=max_seq_len,
             causal=causal,
@@ -113,23 +174,52 @@ class PaddedBatch:
 
     def fill(self, b: int, rows: list[tuple[list[int], int, list[int]]], block_size: int) -> None:
         """rows: (tokens (at most q), first position, block table) per real request; b >= len(rows)."""
-        q = self.q
-        ids = torch.zeros(b * q, dtype=torch.long)
-        pos = torch.zeros(b * q, dtype=torch.long)
-        slots = torch.full((b * q,), -1, dtype=torch.long)
-        seq = torch.zeros(b, dtype=torch.int32)
-        bt = torch.zeros((b, self.bt.shape[1]), dtype=torch.int32)
-        for j, (toks, first, table) in enumerate(rows):
-            n = len(toks)
-            p = torch.arange(first, first + q)
-            ids[j * q : j * q + n] = torch.tensor(toks)
-            pos[j * q : (j + 1) * q] = p
-            tab = torch.tensor(table, dtype=torch.long)
-            slots[j * q : j * q + n] = tab[p[:n] // block_size] * block_size + p[:n] % block_size
-            seq[j] = first + q
-            bt[j, : len(table)] = tab.to(torch.int32)
-        self.ids[: b * q].copy_(ids, non_blocking=True)
-        self.pos[: b * q].copy_(pos, non_blocking=True)
-        self.slots[: b * q].copy_(slots, non_blocking=True)
-        self.seq[:b].copy_(seq, non_blocking=True)
-        self.bt[:b].copy_(bt, non_blocking=True)
+        q, n = self.q, len(rows)
+        if n > b:
+            raise ValueError(f"{n} requests do not fit bucket {b}")
+        if self._copied is not None:
+            self._copied.synchronize()  # the previous copy has read the staging buffer
+        ids, pos, slots, seq, bt = self._staging(b)
+        cols = self._cols
+        # block-table columns that attention may read (up to seq_len) are zero past each table, as before;
+        # the columns past those are left as they were (nothing reads them)
+        if n:
+            width = min(self.max_blocks, (max(r[1] for r in rows) + q - 1) // block_size + 1)
+            bt[:n, :width] = 0
+        # per request: list concatenation and one numpy row write; then a few vectorized writes
+        ids_l: list[int] = []
+        zeros = self._zeros
+        for j, (toks, _, table) in enumerate(rows):
+            ids_l += toks
+            ids_l += zeros[len(toks) :]
+            bt[j, : len(table)] = table
+        ids.reshape(-1)[: n * q] = ids_l
+        ids[n:] = 0
+        pos[n:] = 0
+        slots[n:] = -1
+        seq[n:] = 0
+        if n:
+            lens = np.array([len(r[2]) for r in rows])
+            first = np.array([r[1] for r in rows])
+            num = np.array([len(r[0]) for r in rows])
+            if np.any((first + num - 1) // block_size >= lens):
+                raise ValueError("a block table does not cover its request's tokens")
+            p = first[:, None] + cols
+            pos[:n] = p
+            # table index of each position, clamped for the padding rows (their slot is -1 anyway)
+            blk = np.minimum(p // block_size, np.maximum(lens - 1, 0)[:, None])
+            slot = bt[np.arange(n)[:, None], blk].astype(np.int64) * block_size + p % block_size
+            slots[:n] = np.where(cols < num[:, None], slot, -1)
+            seq[:n] = first + q
+        self._upload(b, n)
+
+    def _upload(self, b: int, n: int) -> None:
+        """One host-to-device copy of bucket b's layout up to the end of the real requests' block tables."""
+        if self._host is self._dev:
+            return
+        nbytes = self._nbytes(b, n)
+        self._dev[:nbytes].copy_(self._host[:nbytes], non_blocking=True)
+        if self.device.type == "cuda":
+            if self._copied is None:
+                self._copied = torch.cuda.Event()
+            self._copied.record(torch.cuda.current_stream(self.device))

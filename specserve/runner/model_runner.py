@@ -85,6 +85,23 @@ def resolve_dtype(dtype: str, hf_dtype: object, device: torch.device) -> torch.d
     return torch.bfloat16
 
 
+def greedy_verify(logits: torch.Tensor, ids: torch.Tensor, b: int, q: int) -> torch.Tensor:
+    """Greedy verification of a padded batch, for the graphs (no host syncs).
+
+    ``logits`` [b*q, V] and ``ids`` [b*q] are request-major: request j's committed token, then its q-1 drafts.
+    Returns int64 [b, q+1]: the argmax of each of request j's q rows, then ``n_match``, the number of leading
+    drafts equal to the argmax of the row before them (0 when q == 1).  With num_draft real drafts, request j
+    emits ``argmax[j, : min(n_match, num_draft) + 1]``, which is what rejection_sample gives a greedy request.
+    """
+    am = logits.argmax(dim=-1).view(b, q)
+    if q > 1:
+        match = ids.view(b, q)[:, 1:] == am[:, :-1]
+        n_match = match.to(torch.int64).cumprod(dim=1).sum(dim=1, keepdim=True)
+    else:
+        n_match = torch.zeros_like(am)
+    return torch.cat([am, n_match], dim=1)
+
+
 class ModelRunner:
     def __init__(
         self,
@@ -130,6 +147,7 @@ class ModelRunner:
         self.generator = torch.Generator(device=device)
         self.generator.manual_seed(config.seed)
         self.num_blocks = 0
+        self.num_fast_steps = 0  # steps answered by the in-graph greedy verify (tests, benchmarks)
         self.profile = False  # benchmarks: per step (target+verify ms, drafter ms, batch) in self.timings
         self.timings: list[tuple[float, float, int]] = []
 
@@ -272,26 +290,69 @@ class ModelRunner:
             raise ValueError("CUDA graphs need the triton attention backend (or pass enforce_eager=True).")
         max_b, dev = cfg.max_num_seqs, self.device
         self.padded: dict[int, PaddedBatch] = {}
+        self._greedy_host: dict[int, torch.Tensor] = {}
+        self._d2h_done = torch.cuda.Event() if dev.type == "cuda" else None
         pool = None
         for q in sorted({1, self.num_speculative_tokens + 1}, reverse=True):
             buf = self.padded[q] = PaddedBatch(max_b, q, self.max_blocks_per_seq, dev)
 
-            def fn(b: int, buf: PaddedBatch = buf) -> tuple[torch.Tensor, torch.Tensor | None]:
-                t = b * buf.q
+            def fn(b: int, buf: PaddedBatch = buf) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+                v = buf.views(b)
                 meta = buf.meta(b, self.max_model_len + buf.q)
-                hidden, feats = self.model(buf.ids[:t], buf.pos[:t], meta)
-                return self.model.compute_logits(hidden).float(), feats
+                hidden, feats = self.model(v.ids, v.pos, meta)
+                logits = self.model.compute_logits(hidden)
+                # argmax on the model dtype: the same values as after .float(), half the bytes to read
+                return logits.float(), feats, greedy_verify(logits, v.ids, b, buf.q)
 
-            self.graphs[q] = BucketedGraphs(f"target q_len={q}", fn, batch_buckets(max_b), dev, capture, pool)
+            def prepare(b: int, buf: PaddedBatch = buf) -> None:
+                buf.fill(b, [], self.block_size)
+
+            self.graphs[q] = BucketedGraphs(
+                f"target q_len={q}", fn, batch_buckets(max_b), dev, capture, pool, prepare=prepare
+            )
             pool = self.graphs[q].pool
+            # the step's single device-to-host copy lands here (pinned, so it can be asynchronous)
+            self._greedy_host[q] = torch.zeros(
+                (max_b, q + 1), dtype=torch.int64, pin_memory=dev.type == "cuda"
+            )
 
-    def _forward_uniform(self, items: list, q: int) -> tuple[torch.Tensor, torch.Tensor | None]:  # type: ignore[type-arg]
-        """Pad every request to q tokens (drafts padded with token 0, no KV write) and replay the bucket."""
+    def _forward_uniform(
+        self,
+        items: list,  # type: ignore[type-arg]
+        q: int,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        """Pad every request to q tokens (drafts padded with token 0, no KV write) and replay the bucket.
+
+        Returns (float logits [b*q, V], tap features or None, greedy_verify's packed [b, q+1] int64).
+        """
         graphs = self.graphs[q]
         b = graphs.bucket(len(items))
         rows = [([s.req.token_ids[s.start]] + s.spec_token_ids, s.start, s.req.block_table) for s in items]
         self.padded[q].fill(b, rows, self.block_size)
         return graphs.run(b)
+
+    @staticmethod
+    def _greedy_fast_ok(items: list) -> bool:  # type: ignore[type-arg]
+        """True when the graph's argmax/acceptance is the whole answer: every request greedy, no logprobs, and
+        nothing that edits logits (min_tokens still masking stop tokens; see _mask_min_tokens)."""
+        for s in items:
+            p = s.req.params
+            if not p.greedy or p.logprobs is not None:
+                return False
+            if p.min_tokens and p._all_stop_token_ids and s.req.num_output_tokens < p.min_tokens:
+                return False
+        return True
+
+    def _fetch_greedy(self, packed: torch.Tensor, n: int, q: int) -> list[list[int]]:
+        """The step's one device-to-host copy: rows [:n] of greedy_verify's output, as Python lists."""
+        src = packed[:n]
+        if self._d2h_done is None:
+            return src.tolist()
+        dst = self._greedy_host[q][:n]
+        dst.copy_(src, non_blocking=True)
+        self._d2h_done.record(torch.cuda.current_stream(self.device))
+        self._d2h_done.synchronize()
+        return dst.tolist()
 
     def _forward_ragged(self, items: list) -> tuple[torch.Tensor, torch.Tensor | None, list[int]]:  # type: ignore[type-arg]
         """Eager varlen forward over any mix of prefill chunks, decode tokens and draft blocks."""
@@ -379,7 +440,7 @@ class ModelRunner:
         all_logits: torch.Tensor | None = None
         t_start = self._mark()
         if uniform_q:
-            all_logits, features = self._forward_uniform(items, uniform_q)
+            all_logits, features, packed = self._forward_uniform(items, uniform_q)
             q_lens = [uniform_q] * len(items)
         else:
             hidden, features, q_lens = self._forward_ragged(items)
@@ -391,7 +452,20 @@ class ModelRunner:
         for n in q_lens:
             offsets.append(offsets[-1] + n)
         emitted: list[list[int]] = [[] for _ in items]
-        if sampling:
+        if uniform_q and self._greedy_fast_ok(items):
+            # greedy fast path: argmax and acceptance were computed in the graph; one copy, no other syncs
+            # (every item samples on the uniform path). Drafts past num_draft are padding token 0, which may
+            # happen to match, hence the cap: this is exactly rejection_sample's greedy result.
+            self.num_fast_steps += 1
+            host = self._fetch_greedy(packed, len(items), uniform_q)
+            for i, s in enumerate(items):
+                nd = len(s.spec_token_ids)
+                vals = host[i]  # q argmax tokens, then n_match
+                toks = vals[: min(vals[uniform_q], nd) + 1]
+                emitted[i] = toks
+                o = outputs[s.req.request_id]
+                o.new_token_ids, o.num_draft, o.num_accepted = toks, nd, len(toks) - 1
+        elif sampling:
             rows: list[int] = []
             for i in sampling:
                 s = items[i]

@@ -100,14 +100,19 @@ class DFlashProposer(Proposer):
         self.query = buf = PaddedBatch(max_b, K + 1, runner.max_blocks_per_seq, dev)
 
         def fn(b: int) -> torch.Tensor:
-            t = b * (K + 1)
+            v = buf.views(b)
             meta = buf.meta(b, runner.max_model_len + K + 1, causal=False)
-            embeds = runner.model.embed_tokens(buf.ids[:t])
-            hidden = self.model(embeds, buf.pos[:t], meta, self.caches, runner.backend)
+            embeds = runner.model.embed_tokens(v.ids)
+            hidden = self.model(embeds, v.pos, meta, self.caches, runner.backend)
             return runner.model.compute_logits(hidden.view(b, K + 1, -1)[:, 1:]).argmax(-1)
 
+        def prepare(b: int) -> None:
+            buf.fill(b, [], runner.block_size)
+
         pool = next(iter(runner.graphs.values())).pool if getattr(runner, "graphs", None) else None
-        self.graphs = BucketedGraphs("dflash query pass", fn, batch_buckets(max_b), dev, capture, pool)
+        self.graphs = BucketedGraphs(
+            "dflash query pass", fn, batch_buckets(max_b), dev, capture, pool, prepare=prepare
+        )
 
     def _query_uniform(self, inputs: list[DraftInput], drafting: list[int]) -> list[list[int]]:
         """The query pass as one graph replay over [last token, MASK x K] per drafting request."""
