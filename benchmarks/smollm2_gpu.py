@@ -1,6 +1,8 @@
 """SmolLM2-135M-Instruct on one GPU: graphs == eager greedy outputs, and tokens/s against HF transformers.
 
     python benchmarks/smollm2_gpu.py --gguf PATH [--dflash DIR] [--eagle3 DIR] [--tokens 256] [--out FILE]
+    python benchmarks/smollm2_gpu.py --config-dir DIR ...   # random weights of that config (no GGUF needed;
+                                                             # drafters random too: speed and equality only)
 
 1. Greedy outputs with CUDA graphs equal those without (--enforce-eager) for 128 tokens, bf16, for plain decode
    and each speculative method available.
@@ -54,7 +56,9 @@ def name(spec: dict | None) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--gguf", required=True)
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--gguf")
+    src.add_argument("--config-dir", help="HF config + tokenizer dir: random weights (load_format dummy)")
     ap.add_argument("--dflash", default=None)
     ap.add_argument("--eagle3", default=None)
     ap.add_argument("--tokens", type=int, default=256)
@@ -70,7 +74,8 @@ def main() -> int:
         res = {}
         for eager in (True, False):
             llm = LLM(
-                args.gguf,
+                args.gguf or args.config_dir,
+                load_format="dummy" if args.config_dir else "auto",
                 dtype="bfloat16",
                 device="cuda",
                 max_model_len=2048,
@@ -111,12 +116,13 @@ def main() -> int:
     if not args.skip_hf:
         import transformers
 
-        d, f = os.path.split(os.path.abspath(args.gguf))
-        hf = (
-            transformers.AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.bfloat16)
-            .cuda()
-            .eval()
-        )
+        if args.gguf:
+            d, f = os.path.split(os.path.abspath(args.gguf))
+            hf = transformers.AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.bfloat16)
+        else:
+            cfg = transformers.AutoConfig.from_pretrained(args.config_dir)
+            hf = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+        hf = hf.cuda().eval()
         assert tok is not None
         for mode in ("eager", "static"):
             kw = {"cache_implementation": "static"} if mode == "static" else {}

@@ -468,6 +468,22 @@ def test_resume_equals_uninterrupted_run(tmp_path, tiny):
     assert all(int(s["step"]) == 8 for s in c2["optimizer"]["state"].values())
 
 
+def test_init_from_continues_an_exported_drafter(tmp_path, tiny):
+    """--init-from starts from an exported drafter: its first loss is the first run's last, far below a fresh
+    start's; a drafter of the other method or a missing directory is a one-line error."""
+    first = run(parse_args(_dflash_args(tiny, str(tmp_path / "a"), "--max-steps", "30", "--epochs", "100")))
+    more = run(parse_args(_dflash_args(tiny, str(tmp_path / "b"), "--max-steps", "5", "--epochs", "100",
+                                       "--log-every", "1", "--init-from", str(tmp_path / "a"))))  # fmt: skip
+    fresh0 = first.metrics["history"][0]["loss"]
+    assert more.metrics["history"][0]["loss"] < fresh0 - 0.5
+    assert more.metrics["history"][0]["loss"] < first.metrics["history"][-1]["loss"] + 0.3
+    bad = str(tmp_path / "a")
+    assert main(["eagle3", "--target", tiny["target"], "--data", tiny["data"], "--output", str(tmp_path / "c"),
+                 "--init-from", bad]) == 2  # fmt: skip
+    assert main(["dflash", "--target", tiny["target"], "--data", tiny["data"], "--output", str(tmp_path / "d"),
+                 "--init-from", str(tmp_path / "nope")]) == 2  # fmt: skip
+
+
 def test_max_time_shrinks_the_schedule_to_the_budget(tmp_path, tiny):
     """--max-time: after the calibration steps the run's length (and cosine schedule) is cut to fit the budget;
     the final LR reaches the schedule's end, and a budget that fits changes nothing."""

@@ -279,9 +279,8 @@ class ModelRunner:
         """Static buffers + bucketed CUDA graphs for decode / verify steps (every request runs q tokens)."""
         cfg = self.config
         self.graphs: dict[int, BucketedGraphs] = {}
+        # --enforce-eager keeps the padded path (same kernels, same shapes as the graphs) and only skips capture
         padded = cfg.padded_decode if cfg.padded_decode is not None else (self.device.type == "cuda")
-        if cfg.enforce_eager and cfg.padded_decode is None:
-            padded = False
         self.use_padded = padded
         if not padded:
             return

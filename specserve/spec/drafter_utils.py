@@ -32,7 +32,7 @@ def drafter_graph_mode(runner: ModelRunner) -> tuple[bool, bool]:
     """
     cfg, spec = runner.config, runner.config.speculative_config
     on_cuda = runner.device.type == "cuda"
-    padded = cfg.padded_decode if cfg.padded_decode is not None else (on_cuda and not cfg.enforce_eager)
+    padded = cfg.padded_decode if cfg.padded_decode is not None else on_cuda
     if spec is not None and spec.disable_padded_drafter_batch:
         padded = False
     eager = cfg.enforce_eager or bool(spec is not None and spec.enforce_eager)

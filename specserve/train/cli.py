@@ -121,6 +121,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="wall-clock budget in seconds: after a few steps the cosine schedule shrinks to end within it",
     )
+    o.add_argument(
+        "--init-from",
+        default=None,
+        help="start from an exported drafter (fine-tune / continue training; fresh optimizer and schedule)",
+    )
     o.add_argument("--resume", action="store_true", help="continue from <work-dir>/checkpoint.pt")
     o.add_argument("--stop-after", type=int, default=None, help=argparse.SUPPRESS)
     o.add_argument("--attn-backend", choices=["auto", "split", "sdpa"], default="auto")
@@ -431,6 +436,33 @@ def _build_drafter(
     return drafter
 
 
+def _init_drafter(a: argparse.Namespace, target: Target) -> DFlashDrafter | Eagle3Drafter:
+    """The drafter exported in ``--init-from`` (its own architecture and taps), checked against the target."""
+    from specserve.train.export import load_drafter
+
+    try:
+        drafter = load_drafter(a.init_from)
+    except (OSError, KeyError, ValueError) as e:
+        raise TrainError(f"--init-from {a.init_from}: {e}") from e
+    want = DFlashDrafter if a.method == "dflash" else Eagle3Drafter
+    if not isinstance(drafter, want):
+        raise TrainError(f"--init-from {a.init_from} is not a {a.method} drafter")
+    cfg = drafter.config
+    if cfg.hidden_size != target.hidden_size or cfg.vocab_size != target.vocab_size:
+        raise TrainError(
+            f"--init-from {a.init_from} was trained for hidden {cfg.hidden_size} / vocab {cfg.vocab_size}, "
+            f"the target has {target.hidden_size} / {target.vocab_size}"
+        )
+    ids = list(cfg.target_layer_ids)
+    if any(not 0 <= i < target.num_layers for i in ids):
+        raise TrainError(f"--init-from {a.init_from} taps layers {ids}; the target has {target.num_layers}")
+    target.tap_indices = [i + 1 for i in ids] if a.method == "dflash" else ids
+    rope = target.rope_inv_freq()
+    if rope is not None:
+        drafter.rotary.set_inv_freq(*rope)
+    return drafter
+
+
 def run(a: argparse.Namespace) -> TrainResult:
     """Generate data (unless ``--data``), train and export. Returns the trained drafter (rank 0 exports)."""
     _validate(a)
@@ -477,7 +509,7 @@ def run(a: argparse.Namespace) -> TrainResult:
     for s in samples:
         if max(s.input_ids) >= target.vocab_size or min(s.input_ids) < 0:
             raise TrainError(f"{data_path}: token ids outside the target vocab ({target.vocab_size})")
-    drafter = _build_drafter(a, target, samples, tokenizer)
+    drafter = _init_drafter(a, target) if a.init_from else _build_drafter(a, target, samples, tokenizer)
     targs = TrainArgs(
         work_dir=work,
         epochs=a.epochs,
