@@ -15,7 +15,9 @@
 #    copies also land in $OUT when set (the device runner brings $OUT back).
 #
 # Env overrides: WORK_DIR, ASSETS_DIR, GENERATOR (engine|hf|auto), GEN_PROCS, DFLASH_STEPS, EAGLE_STEPS,
-# BUDGET (seconds for the whole script, default 540: training gets what data generation leaves, via --max-time).
+# BUDGET (seconds for the whole script, default 540: training gets what data generation leaves, via --max-time),
+# DATA_FILE (a data.jsonl[.gz] from an earlier run: skips generation; every run leaves data.jsonl.gz in $OUT),
+# INIT_FROM_ASSETS=1 (continue training the drafters already in $ASSETS instead of starting from scratch).
 set -euo pipefail
 : "${SMOLLM2_GGUF:?set SMOLLM2_GGUF to SmolLM2-135M-Instruct.Q4_1.gguf}"
 : "${DATA_DIR:?set DATA_DIR to the shared data directory (gsm8k_train.jsonl, corpus/, ...)}"
@@ -37,11 +39,17 @@ T0=$(date +%s)
 TRAIN="python -m specserve.train.cli"
 
 # ---- 1. data (~5.8k prompts, ~1.3M response tokens)
+if [ -n "${DATA_FILE:-}" ]; then
+    mkdir -p "$WORK/data"
+    case "$DATA_FILE" in *.gz) gunzip -c "$DATA_FILE" > "$WORK/data/data.jsonl" ;; *) cp "$DATA_FILE" "$WORK/data/data.jsonl" ;; esac
+else
 $TRAIN dflash --target "$SMOLLM2_GGUF" --output "$WORK/data" --work-dir "$WORK/data" --generate-only \
     --prompts "$DATA_DIR/gsm8k_train.jsonl:3500" "$DATA_DIR/mbpp_sanitized.json" \
               "$DATA_DIR/spec_bench_question.jsonl" "$DATA_DIR/corpus/tinyshakespeare.txt:800" \
     --self-prompts 1000 --max-new-tokens 384 --max-prompt-length 1024 --gen-temperature 0 \
     --generator "$GENERATOR" --gen-procs "$GEN_PROCS" --gen-batch-size 512 --seed 0
+fi
+[ -z "${OUT:-}" ] || { mkdir -p "$OUT" && gzip -c "$WORK/data/data.jsonl" > "$OUT/data.jsonl.gz"; }
 T1=$(date +%s); echo "[demo] data generated in $((T1 - T0)) s" >&2
 
 # ---- 2. train both drafters concurrently, for what is left of the budget (75 s kept for start-up and export)
@@ -50,11 +58,16 @@ TRAIN_TIME=$((BUDGET - (T1 - T0) - 75))
 echo "[demo] training budget $TRAIN_TIME s" >&2
 COMMON=(--max-time "$TRAIN_TIME" --target "$SMOLLM2_GGUF" --data "$WORK/data/data.jsonl" --batch-size 32 --max-length 1536
         --epochs 100 --lr 6e-4 --warmup-ratio 0.04 --save-every 0 --log-every 20 --seed 0 --no-progress)
-$TRAIN dflash "${COMMON[@]}" --output "$ASSETS/smollm2-135m-dflash" --work-dir "$WORK/dflash" \
+INIT_D=(); INIT_E=()
+if [ "${INIT_FROM_ASSETS:-0}" = 1 ]; then
+    cp -r "$ASSETS/smollm2-135m-dflash" "$WORK/init-dflash"; cp -r "$ASSETS/smollm2-135m-eagle3" "$WORK/init-eagle3"
+    INIT_D=(--init-from "$WORK/init-dflash"); INIT_E=(--init-from "$WORK/init-eagle3")
+fi
+$TRAIN dflash "${COMMON[@]}" "${INIT_D[@]}" --output "$ASSETS/smollm2-135m-dflash" --work-dir "$WORK/dflash" \
     --num-layers 3 --intermediate-size 704 --block-size 16 --num-anchors 256 --max-steps "$DFLASH_STEPS" \
     > "$WORK/dflash.log" 2>&1 &
 PID_D=$!
-$TRAIN eagle3 "${COMMON[@]}" --output "$ASSETS/smollm2-135m-eagle3" --work-dir "$WORK/eagle3" \
+$TRAIN eagle3 "${COMMON[@]}" "${INIT_E[@]}" --output "$ASSETS/smollm2-135m-eagle3" --work-dir "$WORK/eagle3" \
     --intermediate-size 1280 --ttt-steps 7 --max-steps "$EAGLE_STEPS" \
     > "$WORK/eagle3.log" 2>&1 &
 PID_E=$!
