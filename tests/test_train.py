@@ -293,7 +293,7 @@ def _block_logits(d, embed, head, taps, ids, anchors, backend="split"):
     blk = build_dflash_blocks(ids, mask, anchors, valid, d.config.block_size, d.config.mask_token_id)
     emb = torch.nn.functional.embedding(blk["block_ids"], embed)
     ctx_pos = torch.arange(s).expand(b, s)
-    h = d(emb, taps, blk["positions"], ctx_pos, blk["ctx_mask"], backend)
+    h = d(emb, taps, blk["positions"], ctx_pos, blk["mask"], backend)
     return (h @ head.T).view(b, anchors.shape[1], d.config.block_size, -1)
 
 
@@ -344,14 +344,15 @@ def test_dflash_anchor_sampling_and_labels():
     g = torch.Generator().manual_seed(0)
     anchors, valid = sample_anchors(mask, 8, g)
     assert anchors.shape == (2, 3)  # most valid anchors in the batch: row 0 has {2, 3, 4}
-    assert sorted(anchors[0].tolist()) == [2, 3, 4] and valid[0].all()
-    assert valid[1].tolist().count(True) == 1 and anchors[1][valid[1]].tolist() == [1]
+    assert anchors[0].tolist() == [2, 3, 4] and valid[0].all()  # sorted ascending
+    assert valid[1].tolist() == [True, False, False] and anchors[1].tolist() == [1, 0, 0]  # valid first
     blk = build_dflash_blocks(ids, mask, anchors, valid, 4, 255)
     row = anchors[0].tolist().index(3)
     assert blk["block_ids"][0, row * 4 : row * 4 + 4].tolist() == [13, 255, 255, 255]
     assert blk["labels"][0, row].tolist() == [13, 14, 15, 16]
     assert blk["label_ok"][0, row].tolist() == [False, True, True, False]  # position 6 is outside the mask
-    assert blk["ctx_mask"][0, row * 4].tolist() == [True] * 3 + [False] * 5
+    assert blk["mask"].ctx_mask()[0, row * 4].tolist() == [True] * 3 + [False] * 5
+    assert not blk["mask"].ctx_mask()[1, 4:].any()  # invalid anchors see no context
 
 
 # ------------------------------------------------------------------------------------------ EAGLE-3 TTT
