@@ -360,7 +360,7 @@ def _flex_block_attention(q, kc, vc, kb, vb, fm: FlexMask):  # type: ignore[no-u
         parts += [blk.to(dt), z.to(dt).expand(b, c.shape[1], fm.q_pad - q_len, d)]
         return torch.cat(parts, dim=2)
 
-    qp = F.pad(q, (0, 0, 0, fm.q_pad - q_len))
+    qp = q if fm.q_pad == q_len else F.pad(q, (0, 0, 0, fm.q_pad - q_len))
     fn = flex_attention_fn(q.device)
     limit = max(FLEX_RECOMPILE_LIMIT, torch._dynamo.config.recompile_limit)
     # inputs are already in one dtype; autocast must not touch the attention (kernel accumulates in fp32)
