@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import os
 import random
+import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -271,19 +272,23 @@ class Trainer:
         t0 = time.time()
         start_step = self.step
         calib = min(20, max(2, self.total_steps // 10))
+        step_times: list[float] = []
         while self.step < end:
             epoch, offset = divmod(self.step, self.steps_per_epoch)
             plan = batch_plan(self.lengths, args.batch_size, epoch, args.seed, self.rank, self.world)
             for idx in plan[offset:]:
                 if self.step >= end:
                     break
+                t_step = time.time()
                 stats = self.train_step(idx)
+                if len(step_times) < calib:
+                    step_times.append(time.time() - t_step)
                 for k, v in stats.items():
                     window[k] = window[k] + v.detach() if k in window else v.detach().clone()
                 n_window += 1
                 bar.update(1)
                 if args.max_time is not None and self.step - start_step == calib:
-                    end = self._fit_time_budget(time.time() - t0, calib, end)
+                    end = self._fit_time_budget(time.time() - t0, step_times, end)
                     bar.total = self.total_steps
                 if self.step % max(1, args.log_every) == 0 or self.step == end:
                     red = self._reduce({k: (v / n_window if k == "loss" else v) for k, v in window.items()})
@@ -315,13 +320,14 @@ class Trainer:
             history=self.history,
         )
 
-    def _fit_time_budget(self, elapsed: float, done: int, end: int) -> int:
+    def _fit_time_budget(self, elapsed: float, step_times: list[float], end: int) -> int:
         """Shrink ``total_steps`` (the cosine schedule's length) so the run ends within ``max_time`` seconds.
 
-        The estimate uses the mean time of the first ``done`` steps of this run; ranks agree on rank 0's choice.
+        The estimate uses the median time of the first steps of this run (robust to the few slow steps that
+        compile FlexAttention kernels); ranks agree on rank 0's choice.
         """
         assert self.args.max_time is not None
-        per_step = elapsed / max(1, done)
+        per_step = statistics.median(step_times) if step_times else elapsed
         fit = self.step + int(max(0.0, self.args.max_time - elapsed) / max(per_step, 1e-9))
         total = torch.tensor([min(self.total_steps, max(self.step, fit))], dtype=torch.long)
         if self.world > 1:
