@@ -128,7 +128,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     o.add_argument("--resume", action="store_true", help="continue from <work-dir>/checkpoint.pt")
     o.add_argument("--stop-after", type=int, default=None, help=argparse.SUPPRESS)
-    o.add_argument("--attn-backend", choices=["auto", "split", "sdpa"], default="auto")
+    o.add_argument(
+        "--attn-backend",
+        choices=["auto", "split", "sdpa", "flex"],
+        default="auto",
+        help="DFlash drafter attention: flex (FlexAttention, compiled; CUDA), split (materialised scores), "
+        "sdpa (dense-mask reference); auto: flex on CUDA with a one-time fallback to split, split on CPU",
+    )
     o.add_argument("--log-every", type=int, default=10)
     r = p.add_argument_group("runtime")
     r.add_argument("--device", default=None, help="cuda / cpu (default: cuda if available)")

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from specserve.train.models import DFlashDrafter, Eagle3Drafter
+from specserve.train.models import ATTN_BACKENDS, BlockVisibility, DFlashDrafter, Eagle3Drafter
 
 # ------------------------------------------------------------------------------------------ shared
 
@@ -71,7 +71,9 @@ def sample_anchors(
     """Up to ``num_anchors`` random anchors per sequence with ``a`` and ``a+1`` inside the loss mask.
 
     Returns anchors ``[B, N]`` (long) and valid ``[B, N]`` (bool), N = min(num_anchors, most valid in batch).
-    Random numbers come from ``generator`` on the CPU (device independent, checkpointable).
+    Per sequence the valid anchors come first, in ascending order (the objective does not depend on the
+    order; ascending anchors make the FlexAttention block mask close to lower-triangular), then the invalid
+    ones (anchor 0). Random numbers come from ``generator`` on the CPU (device independent, checkpointable).
     """
     lm = loss_mask.bool()
     b, s = lm.shape
@@ -82,6 +84,8 @@ def sample_anchors(
     scores = scores.masked_fill(~ok, -1.0)
     vals, idx = scores.topk(n, dim=1)
     valid = vals >= 0
+    order = torch.where(valid, idx, torch.full_like(idx, s)).argsort(dim=1)
+    idx, valid = idx.gather(1, order), valid.gather(1, order)
     idx = torch.where(valid, idx, torch.zeros_like(idx))
     return idx, valid
 
@@ -93,12 +97,13 @@ def build_dflash_blocks(
     valid: torch.Tensor,
     block_size: int,
     mask_token_id: int,
-) -> dict[str, torch.Tensor]:
+) -> dict[str, Any]:
     """Block inputs for anchored training. Shapes: ``Q = N * block_size``.
 
     block_ids ``[B, Q]`` = ``[x_a, MASK x (B-1)]`` per anchor, positions ``[B, Q]`` = ``a..a+B-1``,
     labels ``[B, N, K]`` (label k is ``x_{a+k}``), label_ok ``[B, N, K]`` (k >= 1, inside the sequence and
-    the loss mask, anchor valid), ctx_mask ``[B, Q, S]`` (context position < a).
+    the loss mask, anchor valid), mask: a :class:`BlockVisibility` (a block sees the context positions < a,
+    none for an invalid anchor, and its own block; ``mask.ctx_mask()`` is the dense ``[B, Q, S]`` form).
     """
     b, s = input_ids.shape
     n = anchors.shape[1]
@@ -112,14 +117,13 @@ def build_dflash_blocks(
     label_ok[:, :, 0] = False
     block_ids = torch.full((b, n, k), mask_token_id, dtype=input_ids.dtype, device=input_ids.device)
     block_ids[:, :, 0] = input_ids.gather(1, anchors)
-    ctx_mask = torch.arange(s, device=input_ids.device)[None, None, :] < anchors[:, :, None]  # [B, N, S]
-    ctx_mask = ctx_mask[:, :, None, :].expand(b, n, k, s).reshape(b, n * k, s)
+    ctx_len = torch.where(valid.bool(), anchors, torch.zeros_like(anchors))
     return dict(
         block_ids=block_ids.view(b, n * k),
         positions=pos.view(b, n * k),
         labels=labels,
         label_ok=label_ok,
-        ctx_mask=ctx_mask,
+        mask=BlockVisibility(ctx_len, k, s),
     )
 
 
@@ -145,7 +149,9 @@ class DFlashObjective(nn.Module):
         self.block_size = drafter.config.block_size
         self.mask_token_id = drafter.config.mask_token_id
         self.gamma = gamma if gamma is not None else default_gamma(self.block_size)
-        self.backend = backend
+        if backend not in ATTN_BACKENDS:
+            raise ValueError(f"unknown attention backend {backend!r} ({', '.join(ATTN_BACKENDS)})")
+        self.backend = backend  # may be switched between steps (trainer: auto flex -> split fallback)
         self.ce_chunk = ce_chunk
 
     def position_weights(self, device: torch.device) -> torch.Tensor:
@@ -167,7 +173,7 @@ class DFlashObjective(nn.Module):
         blk = build_dflash_blocks(input_ids, loss_mask, anchors, valid, k, self.mask_token_id)
         embeds = F.embedding(blk["block_ids"], self.embed_weight)
         ctx_pos = torch.arange(s, device=input_ids.device).expand(b, s)
-        hidden = self.drafter(embeds, taps, blk["positions"], ctx_pos, blk["ctx_mask"], self.backend)
+        hidden = self.drafter(embeds, taps, blk["positions"], ctx_pos, blk["mask"], self.backend)
         n = anchors.shape[1]
         label_ok = blk["label_ok"]
         flat_ok = label_ok.view(-1)

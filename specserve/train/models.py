@@ -8,11 +8,14 @@ are passed in by the caller.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
 # --------------------------------------------------------------------------------------------- configs
 
@@ -159,17 +162,21 @@ class DFlashAttention(nn.Module):
         ctx: torch.Tensor,
         rope_q: tuple[torch.Tensor, torch.Tensor],
         rope_c: tuple[torch.Tensor, torch.Tensor],
-        ctx_mask: torch.Tensor,
+        mask: BlockVisibility | torch.Tensor,
         backend: str,
     ) -> torch.Tensor:
         b, q_len, _ = x.shape
         q = apply_rope(self.q_norm(_heads(self.q_proj(x), self.nh, self.hd)), *rope_q)
         kb, vb = self.kv(x, *rope_q)
         kc, vc = self.kv(ctx, *rope_c)
-        if backend == "sdpa":
-            o = _dense_block_attention(q, kc, vc, kb, vb, ctx_mask, self.block_size)
+        if backend == "flex":
+            if not isinstance(mask, BlockVisibility):
+                raise TypeError("the flex attention backend needs a BlockVisibility, not a dense ctx_mask")
+            o = _flex_block_attention(q, kc, vc, kb, vb, mask.flex())
         else:
-            o = _split_block_attention(q, kc, vc, kb, vb, ctx_mask, self.block_size)
+            ctx_mask = mask.ctx_mask() if isinstance(mask, BlockVisibility) else mask
+            attend = _dense_block_attention if backend == "sdpa" else _split_block_attention
+            o = attend(q, kc, vc, kb, vb, ctx_mask, self.block_size)
         return self.o_proj(o.transpose(1, 2).reshape(b, q_len, self.nh * self.hd))
 
 
@@ -215,6 +222,153 @@ def _split_block_attention(q, kc, vc, kb, vb, ctx_mask, block):  # type: ignore[
     return (o_ctx + o_blk).view(b, nh, q_len, d)
 
 
+# DFlash attention backends: "split" (default on CPU), "sdpa" (dense-mask reference), "flex" (FlexAttention)
+ATTN_BACKENDS = ("split", "sdpa", "flex")
+FLEX_TILE = 128  # FlexAttention's sparse block size (the Triton kernels' BLOCK_M / BLOCK_N must divide it)
+FLEX_RECOMPILE_LIMIT = 64  # distinct padded shapes the compiled flex_attention may see (dynamo's default: 8)
+
+
+def flex_pad(n: int) -> int:
+    """Padded length for FlexAttention: the next power of two, at least ``FLEX_TILE``.
+
+    Few distinct shapes (few recompiles); the padding costs almost nothing since fully masked tiles are
+    skipped by the block mask (padded context keys are never visible, padded queries only see their block).
+    """
+    return max(FLEX_TILE, 1 << max(0, n - 1).bit_length())
+
+
+class FlexMask(NamedTuple):
+    block_mask: BlockMask
+    ctx_pad: int  # context keys padded to this length
+    q_pad: int  # queries (and block keys) padded to this length
+
+
+class BlockVisibility:
+    """What each DFlash query sees: the queries of block ``j`` (rows ``j*block .. (j+1)*block-1``) see the
+    context positions ``< ctx_len[b, j]`` and every key of their own block, nothing else.
+
+    Built once per drafter forward and shared by its layers; the dense ctx_mask ("split"/"sdpa") and the
+    FlexAttention block mask ("flex") are derived lazily and cached.
+    """
+
+    def __init__(self, ctx_len: torch.Tensor, block_size: int, ctx_size: int) -> None:
+        self.ctx_len = ctx_len  # [B, N] long, <= ctx_size (0: the block sees no context)
+        self.block_size = block_size
+        self.ctx_size = ctx_size
+        self._ctx_mask: torch.Tensor | None = None
+        self._flex: FlexMask | None = None
+
+    @property
+    def q_len(self) -> int:
+        return self.ctx_len.shape[1] * self.block_size
+
+    def ctx_mask(self) -> torch.Tensor:
+        """Dense ``[B, Q, S]`` bool: True where the query may attend to that context position."""
+        if self._ctx_mask is None:
+            b, n = self.ctx_len.shape
+            pos = torch.arange(self.ctx_size, device=self.ctx_len.device)
+            m = pos[None, None, :] < self.ctx_len[:, :, None]  # [B, N, S]
+            self._ctx_mask = (
+                m[:, :, None, :].expand(b, n, self.block_size, self.ctx_size).reshape(b, -1, self.ctx_size)
+            )
+        return self._ctx_mask
+
+    def flex(self) -> FlexMask:
+        if self._flex is None:
+            self._flex = _flex_block_mask(self.ctx_len, self.block_size, self.ctx_size)
+        return self._flex
+
+
+def _flex_block_mask(ctx_len: torch.Tensor, block: int, ctx_size: int) -> FlexMask:
+    """FlexAttention BlockMask over keys ``[context (padded to ctx_pad) ; block keys (padded to q_pad)]``.
+
+    The tile structure is computed directly from the per-tile min / max visible context length (no dense
+    ``[B, Q, KV]`` mask is materialised, unlike ``create_block_mask``): with anchors sorted ascending the
+    context tiles of a query tile are full up to the smallest anchor, partial up to the largest, and skipped
+    beyond, so the work is close to a lower triangle instead of all ``Q x S``.
+    """
+    b, n = ctx_len.shape
+    dev = ctx_len.device
+    t = FLEX_TILE
+    q_len = n * block
+    s_pad, q_pad = flex_pad(ctx_size), flex_pad(q_len)
+    # per-query visible context length; padded queries see no context (only their own padded "block")
+    c = F.pad(ctx_len.to(torch.int32).repeat_interleave(block, dim=1), (0, q_pad - q_len))  # [B, q_pad]
+
+    def mask_mod(bi, hi, q_idx, kv_idx):  # type: ignore[no-untyped-def]
+        own = (kv_idx >= s_pad) & ((kv_idx - s_pad) // block == q_idx // block)
+        return (kv_idx < c[bi, q_idx]) | own
+
+    nq, ns = q_pad // t, s_pad // t
+    tiles = c.view(b, nq, t)
+    lo = tiles.amin(-1)[..., None]  # [B, nq, 1]
+    hi = tiles.amax(-1)[..., None]
+    kv_t = torch.arange(ns + nq, device=dev, dtype=torch.int32)  # kv tile index
+    full = kv_t < lo // t  # every query of the tile sees the whole context tile
+    partial = (kv_t >= lo // t) & (kv_t < (hi + t - 1) // t)
+    # own-block keys of query tile i: key rows [first block start, last block end) of the tile's queries
+    qi = torch.arange(nq, device=dev, dtype=torch.int32)
+    first = (qi * t // block) * block // t
+    last = (torch.clamp(((qi * t + t - 1) // block + 1) * block, max=q_pad) - 1) // t
+    own = (kv_t[None, :] >= ns + first[:, None]) & (kv_t[None, :] <= ns + last[:, None])  # [nq, nkv]
+    partial = partial | own[None]
+
+    def ordered(dense: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        d = dense[:, None].to(torch.int32)  # [B, 1, nq, nkv]
+        idx = torch.argsort(d, dim=-1, descending=True, stable=True).to(torch.int32)
+        return d.sum(-1, dtype=torch.int32), idx.contiguous()
+
+    kv_num, kv_idx = ordered(partial)
+    full_num, full_idx = ordered(full)
+    bm = BlockMask.from_kv_blocks(
+        kv_num,
+        kv_idx,
+        full_num,
+        full_idx,
+        BLOCK_SIZE=t,
+        mask_mod=mask_mod,
+        seq_lengths=(q_pad, s_pad + q_pad),
+    )
+    return FlexMask(bm, s_pad, q_pad)
+
+
+FLEX_COMPILE_DEVICES = ("cuda",)  # elsewhere: torch's eager path (unfused, materialises the scores)
+_flex_compiled: Callable[..., torch.Tensor] | None = None
+
+
+def flex_attention_fn(device: torch.device) -> Callable[..., torch.Tensor]:
+    """``torch.compile(flex_attention)`` on CUDA (fused Triton kernels, compiled once per padded shape);
+    elsewhere torch's eager path (unfused, materialises the scores; torch has no FlexAttention backward on
+    CPU, compiled or not)."""
+    global _flex_compiled
+    if device.type not in FLEX_COMPILE_DEVICES:
+        return flex_attention  # type: ignore[return-value]
+    if _flex_compiled is None:
+        _flex_compiled = torch.compile(flex_attention, dynamic=False)
+    return _flex_compiled
+
+
+def _flex_block_attention(q, kc, vc, kb, vb, fm: FlexMask):  # type: ignore[no-untyped-def]
+    """Same math as the split backend through FlexAttention: keys ``[context ; blocks]`` (each zero-padded),
+    GQA in the kernel; only the tiles the block mask lists are computed."""
+    b, nh, q_len, d = q.shape
+    dt = q.dtype
+
+    def keys(c: torch.Tensor, blk: torch.Tensor) -> torch.Tensor:
+        z = c.new_zeros(())
+        parts = [c.to(dt), z.to(dt).expand(b, c.shape[1], fm.ctx_pad - c.shape[2], d)]
+        parts += [blk.to(dt), z.to(dt).expand(b, c.shape[1], fm.q_pad - q_len, d)]
+        return torch.cat(parts, dim=2)
+
+    qp = q if fm.q_pad == q_len else F.pad(q, (0, 0, 0, fm.q_pad - q_len))
+    fn = flex_attention_fn(q.device)
+    limit = max(FLEX_RECOMPILE_LIMIT, torch._dynamo.config.recompile_limit)
+    # inputs are already in one dtype; autocast must not touch the attention (kernel accumulates in fp32)
+    with torch.autocast(q.device.type, enabled=False), torch._dynamo.config.patch(recompile_limit=limit):
+        o = fn(qp, keys(kc, kb), keys(vc, vb), block_mask=fm.block_mask, enable_gqa=True)
+    return o[:, :, :q_len]
+
+
 class DFlashLayer(nn.Module):
     def __init__(self, cfg: DFlashConfig) -> None:
         super().__init__()
@@ -223,8 +377,8 @@ class DFlashLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, h, ctx, rope_q, rope_c, ctx_mask, backend):  # type: ignore[no-untyped-def]
-        h = h + self.self_attn(self.input_layernorm(h), ctx, rope_q, rope_c, ctx_mask, backend)
+    def forward(self, h, ctx, rope_q, rope_c, mask, backend):  # type: ignore[no-untyped-def]
+        h = h + self.self_attn(self.input_layernorm(h), ctx, rope_q, rope_c, mask, backend)
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
@@ -251,22 +405,26 @@ class DFlashDrafter(nn.Module):
         taps: torch.Tensor,
         block_positions: torch.Tensor,
         ctx_positions: torch.Tensor,
-        ctx_mask: torch.Tensor,
+        mask: BlockVisibility | torch.Tensor,
         backend: str = "split",
     ) -> torch.Tensor:
         """One drafting pass over ``Q = n_blocks * block_size`` block tokens.
 
         block_embeds ``[B, Q, H]`` (target embeddings of ``[x_a, MASK, ...]``), taps ``[B, S, n_t*H_t]``,
-        block_positions ``[B, Q]``, ctx_positions ``[B, S]``, ctx_mask ``[B, Q, S]`` (True: the query may
-        attend to that context position). Every query also sees all keys of its own block (non-causal).
+        block_positions ``[B, Q]``, ctx_positions ``[B, S]``. ``mask``: a :class:`BlockVisibility` (any
+        backend; built once and shared by all layers) or, for "split"/"sdpa" only, a dense ctx_mask
+        ``[B, Q, S]`` (True: the query may attend to that context position). Every query also sees all keys
+        of its own block (non-causal). ``backend``: "split", "sdpa" (dense-mask reference) or "flex".
         Returns the final-normed hidden ``[B, Q, H]`` (feed to the target's ``lm_head``).
         """
+        if backend not in ATTN_BACKENDS:
+            raise ValueError(f"unknown attention backend {backend!r} ({', '.join(ATTN_BACKENDS)})")
         ctx = self.context(taps)
         rope_q = self.rotary(block_positions)
         rope_c = self.rotary(ctx_positions)
         h = block_embeds
         for layer in self.layers:
-            h = layer(h, ctx, rope_q, rope_c, ctx_mask, backend)
+            h = layer(h, ctx, rope_q, rope_c, mask, backend)
         return self.norm(h)
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 import os
 import random
+import statistics
+import sys
 import time
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -16,7 +18,7 @@ from torch import nn
 
 from specserve.train.data import Sample, batch_plan, collate
 from specserve.train.losses import DFlashObjective, Eagle3Objective, sample_anchors, summarize
-from specserve.train.models import DFlashDrafter, Eagle3Drafter
+from specserve.train.models import ATTN_BACKENDS, DFlashDrafter, Eagle3Drafter
 from specserve.train.target import Target, TrainError
 
 CHECKPOINT_NAME = "checkpoint.pt"
@@ -80,10 +82,12 @@ class Trainer:
         self.is_dflash = isinstance(drafter, DFlashDrafter)
         self.autocast = self.device.type == "cuda" and target.dtype in (torch.bfloat16, torch.float16)
         backend = args.attn_backend
+        # auto: FlexAttention on CUDA, falling back to "split" once if compiling / running it raises
+        self.flex_fallback = backend == "auto" and self.is_dflash and self.device.type == "cuda"
         if backend == "auto":
-            backend = "split"
-        if backend not in ("split", "sdpa"):
-            raise TrainError(f"unknown attention backend {backend!r} (split, sdpa)")
+            backend = "flex" if self.flex_fallback else "split"
+        if backend not in ATTN_BACKENDS:
+            raise TrainError(f"unknown attention backend {backend!r} (auto, {', '.join(ATTN_BACKENDS)})")
         embed, head = target.embed_weight.detach(), target.lm_head_weight.detach()
         obj: nn.Module
         if self.is_dflash:
@@ -203,13 +207,11 @@ class Trainer:
         mask = mask.to(self.device, non_blocking=True)
         self.tokens_seen += int(mask.sum()) * self.world
         taps = self.target.features(ids)
-        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
-            if self.is_dflash:
-                anchors, valid = sample_anchors(mask, args.num_anchors, self.generator)
-                loss, stats = self.model(taps, ids, mask, anchors, valid)
-            else:
-                loss, stats = self.model(taps, ids, mask)
-        loss.backward()
+        if self.is_dflash:
+            anchors, valid = sample_anchors(mask, args.num_anchors, self.generator)
+            stats = self._dflash_forward_backward(taps, ids, mask, anchors, valid)
+        else:
+            stats = self._forward_backward(taps, ids, mask)
         if args.max_grad_norm > 0:
             torch.nn.utils.clip_grad_norm_(self.drafter.parameters(), args.max_grad_norm)
         self.optimizer.step()
@@ -217,6 +219,37 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
         return stats
+
+    def _forward_backward(self, *inputs: torch.Tensor) -> dict[str, torch.Tensor]:
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
+            loss, stats = self.model(*inputs)
+        loss.backward()
+        return stats
+
+    def _dflash_forward_backward(self, *inputs: torch.Tensor) -> dict[str, torch.Tensor]:
+        obj = self.objective
+        try:
+            return self._forward_backward(*inputs)
+        except torch.OutOfMemoryError:
+            raise
+        except Exception as e:  # noqa: BLE001 - any compile / kernel failure of the auto-selected flex path
+            if obj.backend == "flex" and self.device.type == "cpu" and isinstance(e, NotImplementedError):
+                raise TrainError(
+                    f"--attn-backend flex cannot train on CPU with this torch ({e}); use split"
+                ) from e
+            if not self.flex_fallback:
+                raise
+            tag = f"[rank {self.rank}] " if self.world > 1 else ""
+            msg = (
+                f"{tag}warning: FlexAttention failed at step {self.step} ({type(e).__name__}: {e}); "
+                "falling back to --attn-backend split"
+            )
+        # one-time fallback: redo this step (same batch and anchors) with the split backend
+        print(msg, file=sys.stderr, flush=True)
+        self.flex_fallback = False
+        obj.backend = "split"
+        self.optimizer.zero_grad(set_to_none=True)
+        return self._forward_backward(*inputs)
 
     def train(self) -> dict[str, Any]:
         from tqdm import tqdm
@@ -239,19 +272,23 @@ class Trainer:
         t0 = time.time()
         start_step = self.step
         calib = min(20, max(2, self.total_steps // 10))
+        step_times: list[float] = []
         while self.step < end:
             epoch, offset = divmod(self.step, self.steps_per_epoch)
             plan = batch_plan(self.lengths, args.batch_size, epoch, args.seed, self.rank, self.world)
             for idx in plan[offset:]:
                 if self.step >= end:
                     break
+                t_step = time.time()
                 stats = self.train_step(idx)
+                if len(step_times) < calib:
+                    step_times.append(time.time() - t_step)
                 for k, v in stats.items():
                     window[k] = window[k] + v.detach() if k in window else v.detach().clone()
                 n_window += 1
                 bar.update(1)
                 if args.max_time is not None and self.step - start_step == calib:
-                    end = self._fit_time_budget(time.time() - t0, calib, end)
+                    end = self._fit_time_budget(time.time() - t0, step_times, end)
                     bar.total = self.total_steps
                 if self.step % max(1, args.log_every) == 0 or self.step == end:
                     red = self._reduce({k: (v / n_window if k == "loss" else v) for k, v in window.items()})
@@ -278,17 +315,19 @@ class Trainer:
             steps_this_run=self.step - start_step,
             seconds=round(elapsed, 2),
             tokens_seen=self.tokens_seen,
+            attn_backend=getattr(self.objective, "backend", None),
             final=last,
             history=self.history,
         )
 
-    def _fit_time_budget(self, elapsed: float, done: int, end: int) -> int:
+    def _fit_time_budget(self, elapsed: float, step_times: list[float], end: int) -> int:
         """Shrink ``total_steps`` (the cosine schedule's length) so the run ends within ``max_time`` seconds.
 
-        The estimate uses the mean time of the first ``done`` steps of this run; ranks agree on rank 0's choice.
+        The estimate uses the median time of the first steps of this run (robust to the few slow steps that
+        compile FlexAttention kernels); ranks agree on rank 0's choice.
         """
         assert self.args.max_time is not None
-        per_step = elapsed / max(1, done)
+        per_step = statistics.median(step_times) if step_times else elapsed
         fit = self.step + int(max(0.0, self.args.max_time - elapsed) / max(per_step, 1e-9))
         total = torch.tensor([min(self.total_steps, max(self.step, fit))], dtype=torch.long)
         if self.world > 1:
