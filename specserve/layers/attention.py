@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -26,9 +27,15 @@ class AttnMetadata:
 
 
 class AttentionBackend:
-    """Stores new K/V into a layer's paged cache and attends over it."""
+    """Stores new K/V into a layer's paged cache and attends over it.
+
+    ``fused``: the model runs its fused Triton kernels (add+RMSNorm, q/k-norm+RoPE+KV store, SiLU-mul; see
+    :mod:`specserve.layers.triton_fused`) instead of the eager torch ops; only ``attend`` is used then (the
+    K/V store is part of the fused RoPE kernel). Tests set it on CPU, where the kernels run interpreted.
+    """
 
     name = "base"
+    fused = False
 
     def store(
         self,
@@ -85,6 +92,10 @@ class TritonAttentionBackend(AttentionBackend):
     """GPU backend: Triton kernels, no host syncs, CUDA-graph capturable."""
 
     name = "triton"
+
+    def __init__(self) -> None:
+        # SPECSERVE_FUSED_KERNELS=0 keeps the eager torch ops around the Triton attention (A/B, debugging)
+        self.fused = os.environ.get("SPECSERVE_FUSED_KERNELS", "1") != "0"
 
     def store(self, k, v, k_cache, v_cache, slots):  # type: ignore[no-untyped-def]
         from specserve.layers.triton_attention import store_kv

@@ -24,6 +24,9 @@ def _llama3_inv_freq(inv_freq: torch.Tensor, s: dict[str, Any]) -> torch.Tensor:
 class RotaryEmbedding(torch.nn.Module):
     """Precomputed cos/sin tables indexed by absolute position; ``apply`` rotates q and k in place-free form."""
 
+    cos: torch.Tensor  # fp32 [max_position, head_dim] (rotate-half layout: the frequencies twice)
+    sin: torch.Tensor
+
     def __init__(
         self, head_dim: int, max_position: int, theta: float, scaling: dict[str, Any] | None = None
     ) -> None:

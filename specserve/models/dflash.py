@@ -17,7 +17,7 @@ from specserve.config import ModelConfig
 from specserve.layers.attention import AttentionBackend, AttnMetadata
 from specserve.layers.norm import RMSNorm
 from specserve.layers.rotary import RotaryEmbedding
-from specserve.models.llama import DecoderLayer, KVCache, copy_weight
+from specserve.models.llama import DecoderLayer, KVCache, copy_weight, run_layers_fused
 
 
 def drafter_model_config(raw: dict[str, Any], qk_norm: bool = True) -> ModelConfig:
@@ -135,6 +135,8 @@ class DFlashDraftModel(nn.Module):
         caches: list[KVCache],
         backend: AttentionBackend,
     ) -> torch.Tensor:
+        if backend.fused:
+            return run_layers_fused(self.layers, embeds, positions, meta, caches, backend, self.norm)[0]
         h = embeds
         for layer, cache in zip(self.layers, caches):
             h = layer(h, positions, meta, cache, backend)

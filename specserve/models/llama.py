@@ -3,11 +3,16 @@
 q/k/v and gate/up are fused into one GEMM each at load time. The model sees ``(input_ids, positions)`` plus
 the attention metadata the runner built; it can return the hidden states of chosen layers (HF convention:
 index 0 = embeddings, index i+1 = output of decoder layer i) for EAGLE-3 / DFlash drafters.
+
+Two numerically equivalent paths: the eager torch ops (CPU, torch attention backend), and, when the backend is
+``fused`` (the Triton backend), the fused kernels of :mod:`specserve.layers.triton_fused` with the residual
+carried beside the hidden state (vLLM style), ~9 launches per layer instead of ~40-55.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -70,6 +75,39 @@ class Attention(nn.Module):
         )
         return self.o_proj(o.reshape(-1, self.q_size))
 
+    def forward_fused(
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttnMetadata,
+        cache: KVCache,
+        backend: AttentionBackend,
+    ) -> torch.Tensor:
+        """``forward`` with split, q/k norm, RoPE and the K/V store in one kernel (``rope_store``)."""
+        from specserve.layers.triton_fused import rope_store
+
+        qn, kn = self.q_norm, self.k_norm
+        q = rope_store(
+            self.qkv_proj(x),
+            positions,
+            self.rope.cos,
+            self.rope.sin,
+            qn.weight if qn is not None else None,
+            kn.weight if kn is not None else None,
+            qn.eps if qn is not None else 0.0,
+            cache[0],
+            cache[1],
+            meta.slot_mapping,
+            self.num_heads,
+            self.num_kv_heads,
+            self.head_dim,
+        )
+        causal = self.causal and meta.causal
+        o = backend.attend(
+            q, cache[0], cache[1], meta, causal=causal, sliding_window=self.sliding_window, scale=self.scale
+        )
+        return self.o_proj(o.reshape(-1, self.q_size))
+
 
 class MLP(nn.Module):
     def __init__(self, hidden: int, intermediate: int) -> None:
@@ -81,6 +119,11 @@ class MLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
         return self.down_proj(F.silu(gate) * up)
+
+    def forward_fused(self, x: torch.Tensor) -> torch.Tensor:
+        from specserve.layers.triton_fused import silu_mul
+
+        return self.down_proj(silu_mul(self.gate_up_proj(x), self.intermediate))
 
 
 class DecoderLayer(nn.Module):
@@ -101,6 +144,68 @@ class DecoderLayer(nn.Module):
     ) -> torch.Tensor:
         h = h + self.self_attn(self.input_layernorm(h), positions, meta, cache, backend)
         return h + self.mlp(self.post_attention_layernorm(h))
+
+    def forward_fused(
+        self,
+        normed: torch.Tensor,
+        residual: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttnMetadata,
+        cache: KVCache,
+        backend: AttentionBackend,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Fused path, after the input norm: ``normed`` = input_layernorm(residual), ``residual`` the stream
+        entering the layer. Returns (MLP output, residual after attention); their sum (done by the next norm)
+        is the layer's output."""
+        from specserve.layers.triton_fused import fused_add_rms_norm
+
+        x = self.self_attn.forward_fused(normed, positions, meta, cache, backend)
+        norm = self.post_attention_layernorm
+        h, residual = fused_add_rms_norm(x, residual, norm.weight, norm.eps)
+        return self.mlp.forward_fused(h), residual
+
+
+def add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor | None, norm: RMSNorm
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Fused path: ``h = residual + x`` (just ``x`` when ``residual`` is None), returns (norm(h), h)."""
+    from specserve.layers.triton_fused import fused_add_rms_norm, rms_norm
+
+    if residual is None:
+        return rms_norm(x, norm.weight, norm.eps), x
+    return fused_add_rms_norm(x, residual, norm.weight, norm.eps)
+
+
+def run_layers_fused(
+    layers: nn.ModuleList,
+    h: torch.Tensor,
+    positions: torch.Tensor,
+    meta: AttnMetadata,
+    caches: list[KVCache],
+    backend: AttentionBackend,
+    norm: RMSNorm,
+    tap_indices: Iterable[int] = (),
+) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+    """The decoder stack plus final norm on the fused kernels: returns (norm(output), taps).
+
+    ``taps[i]`` is the residual stream entering layer i (i = number of layers: the stack's output), i.e. HF's
+    ``hidden_states[i]``: the value the torch path's ``h`` has there (the fused adds round as ``h = h + x``).
+    """
+    want = set(tap_indices)
+    taps: dict[int, torch.Tensor] = {}
+    x, residual = h, None
+    n = 0
+    for i, mod in enumerate(layers):
+        layer = cast(DecoderLayer, mod)
+        normed, residual = add_rms_norm(x, residual, layer.input_layernorm)
+        if i in want:
+            taps[i] = residual
+        x, residual = layer.forward_fused(normed, residual, positions, meta, caches[i], backend)
+        n = i + 1
+    out, residual = add_rms_norm(x, residual, norm)
+    if n in want:
+        taps[n] = residual
+    return out, taps
 
 
 class DecoderLM(nn.Module):
@@ -127,8 +232,13 @@ class DecoderLM(nn.Module):
         """Returns (final normed hidden [T, H], concatenated taps [T, n_taps*H] or None)."""
         assert self.backend is not None and self.kv_caches, "runner must bind KV caches and a backend"
         h = self.embed_tokens(input_ids)
-        taps: list[torch.Tensor] = []
         want = self.tap_indices
+        if self.backend.fused:
+            out, by_index = run_layers_fused(
+                self.layers, h, positions, meta, self.kv_caches, self.backend, self.norm, want
+            )
+            return out, (torch.cat([by_index[j] for j in want], dim=-1) if want else None)
+        taps: list[torch.Tensor] = []
         if 0 in want:
             taps.append(h)
         for i, layer in enumerate(self.layers):
