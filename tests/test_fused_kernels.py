@@ -344,8 +344,10 @@ def test_dflash_drafter_fused_path(attn: str) -> None:
         torch.testing.assert_close(vc, vr, atol=1e-5, rtol=1e-5)
 
 
-def test_llm_greedy_triton_backend_fused_on_cpu(tiny_qwen3_dir) -> None:
+def test_llm_greedy_triton_backend_fused_on_cpu(tiny_qwen3_dir, monkeypatch) -> None:
     from specserve import LLM, SamplingParams
+
+    monkeypatch.setenv("SPECSERVE_FUSED_KERNELS", "1")  # opt-in until the kernels are checked on a GPU
 
     prompts = ["The capital of France is", "1 2 3 4 5 6"]
     sp = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
