@@ -141,10 +141,12 @@ def run_config(
         dec = [t for t in eng.runner.timings[1:] if t[2] == b]  # skip the prefill step
         # a second, unprofiled run gives the wall-clock step time without the profiling syncs
         steps["n"] = 0
+        fused0 = eng.runner.num_fused_steps
         t0 = time.perf_counter()
         llm.generate(prompts, sp)
         wall2 = time.perf_counter() - t0
         n2 = steps["n"]
+        fused = eng.runner.num_fused_steps - fused0  # verify steps whose drafter ran in the fused graph
         med = lambda xs: sorted(xs)[len(xs) // 2] if xs else 0.0  # noqa: E731
         rows.append(
             {
@@ -156,6 +158,7 @@ def run_config(
                 "target_ms": round(med([t[0] for t in dec]), 3),
                 "drafter_ms": round(med([t[1] for t in dec]), 3),
                 "steps": n2,
+                "fused_steps": fused,
                 "profiled_wall_s": round(wall, 3),
                 "weight_bytes": weight_bytes,
             }

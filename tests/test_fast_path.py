@@ -51,10 +51,9 @@ def _check(buf: PaddedBatch, b: int, rows, block_size: int) -> None:
     assert v.pos.tolist() == pos
     assert v.slots.tolist() == slots
     assert v.seq.tolist() == seq
-    for j, (_, first, table) in enumerate(rows):
-        # the table, then zeros up to the block of the last position (all that attention may read)
-        width = max(len(table), (first + buf.q - 1) // block_size + 1)
-        assert v.bt[j, :width].tolist() == table + [0] * (width - len(table))
+    for j, (_, _, table) in enumerate(rows):
+        # the table, then -1 over the whole rest of the row (no stale block id survives)
+        assert v.bt[j].tolist() == table + [-1] * (buf.max_blocks - len(table))
     assert v.ids.dtype == v.pos.dtype == v.slots.dtype == torch.int64
     assert v.seq.dtype == v.bt.dtype == torch.int32
     assert tuple(v.bt.shape) == (b, buf.max_blocks)
@@ -78,7 +77,7 @@ def test_fill_hand_built_case():
     assert v.slots.tolist() == [5, 6, 7, 10, -1, -1, 19, 8, -1, -1, -1, -1]
     assert v.seq.tolist() == [8, 5, 10, 0]
     assert v.bt[0, :2].tolist() == [3, 1]
-    assert v.bt[1, :2].tolist() == [2, 0]  # position 4 (a padding row) is in block 1: zero, as before
+    assert v.bt[1, :2].tolist() == [2, -1]  # position 4 (a padding row) is in block 1: not this request's
     assert v.bt[2, :3].tolist() == [0, 4, 2]
     _check(buf, 4, rows, bs)
 

@@ -6,7 +6,8 @@ KV cache layout (shared with the model runner), per layer::
 
 A token's slot is ``block_id * block_size + offset``. Attention metadata is varlen, request-major:
 ``query_start_loc`` [B+1] int32, ``seq_lens`` [B] int32 (KV length including the new tokens, whose K/V
-were already stored), ``block_tables`` [B, max_blocks] int32. Query ``j`` of request ``b`` sits at absolute
+were already stored), ``block_tables`` [B, max_blocks] int32 (a negative block id is read as block 0, like the Triton kernel
+does: only keys no real query can see lie there). Query ``j`` of request ``b`` sits at absolute
 position ``seq_lens[b] - q_len_b + j``; key ``kp`` is visible iff ``kp < seq_len``, ``kp <= pos`` (causal)
 and ``kp > pos - sliding_window`` (when a window is set). Queries with no visible key output zeros.
 
@@ -146,7 +147,7 @@ def paged_attention_ref(
     for b in active:
         ql, sl, q0 = q_lens[b], sls[b], qsl[b]
         nb = -(-sl // block_size)
-        blocks = block_tables[b, :nb].to(device=dev, dtype=torch.long)
+        blocks = block_tables[b, :nb].to(device=dev, dtype=torch.long).clamp_min(0)  # negative id: block 0
         kb = k_cache[blocks].reshape(nb * block_size, hk, d)[:sl].float()
         vb = v_cache[blocks].reshape(nb * block_size, hk, d)[:sl].float()
         qb = q[q0 : q0 + ql].float()[None]
@@ -190,7 +191,7 @@ def _batched(
     ql_t = torch.tensor([q_lens[b] for b in active], device=dev)
     # Block ids past a request's own blocks are arbitrary: replace them before gathering.
     blk_valid = torch.arange(nb, device=dev)[None, :] * block_size < sl_t[:, None]
-    blocks = torch.where(blk_valid, block_tables.to(dev)[idx, :nb].long(), 0)
+    blocks = torch.where(blk_valid, block_tables.to(dev)[idx, :nb].long(), 0).clamp_min(0)
     k_pos = torch.arange(nb * block_size, device=dev)
     kv_valid = (k_pos[None, :] < sl_t[:, None])[..., None, None]
     # Slots past seq_len may hold garbage (even NaN): zero them so masked weights stay exact zeros.

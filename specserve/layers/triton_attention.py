@@ -246,7 +246,9 @@ def _paged_attn_kernel(
     for t in range(t_begin, t_end):
         kp = kv_lo + t * BLOCK_N + offs_n
         kv_valid = kp < kv_hi
-        blk = tl.load(bt_row + kp // BLOCK_SIZE, mask=kv_valid, other=0).to(tl.int64)
+        # a negative block id (past a padded request's table: only its padding rows can see those keys) reads
+        # block 0, never memory outside the cache
+        blk = tl.maximum(tl.load(bt_row + kp // BLOCK_SIZE, mask=kv_valid, other=0).to(tl.int64), 0)
         in_blk = kp % BLOCK_SIZE
         k_off = blk * stride_kb + in_blk * stride_ks + kvh * stride_kh
         v_off = blk * stride_vb + in_blk * stride_vs + kvh * stride_vh

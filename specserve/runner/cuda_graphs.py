@@ -5,8 +5,9 @@ captured once (largest first, one shared memory pool) and replayed after the cal
 inputs into the buffers. Without CUDA (or with capture off) the same padded path simply runs eagerly, which
 is how CPU tests check that the graph path computes what the eager path does.
 
-``PaddedBatch`` holds the static inputs of a padded batch (tokens, positions, slots, seq lens, block tables)
-and refreshes them with numpy writes into one (pinned) staging buffer plus a single host-to-device copy.
+``PaddedBatch`` holds the static inputs of a padded batch (tokens, positions, slots, seq lens, optional
+per-request ints, block tables) and refreshes them with numpy writes into one (pinned) staging buffer plus a
+single host-to-device copy.
 """
 
 from __future__ import annotations
@@ -97,6 +98,7 @@ class BucketViews(NamedTuple):
     slots: torch.Tensor  # int64 [b*q]
     seq: torch.Tensor  # int32 [b]
     bt: torch.Tensor  # int32 [b, max_blocks]
+    aux: torch.Tensor  # int32 [b, num_aux]: per-request ints (zeros past the real batch)
 
 
 class PaddedBatch:
@@ -105,18 +107,23 @@ class PaddedBatch:
     ``fill`` pads to a bucket: request j gets its tokens (the rest of its q rows are token 0 and write no KV),
     positions ``first_pos .. first_pos + q - 1`` and seq_len ``first_pos + q``; requests past the real batch get
     seq_len 0 (the attention kernel outputs zeros for them) and slot -1 everywhere.  Request j's block-table row
-    is its table, then zeros at least up to the block of its last position; later columns (and the rows of
-    requests past the real batch) are unspecified: attention never reads past seq_len.
+    is its table, then -1 over the whole rest of the row (a negative block id means "not this request's": a
+    graph that derives slots from the table must not write there; the attention kernels read a negative id as
+    block 0, which only padding rows can see).  The rows of requests past the real batch are unspecified.
+    ``num_aux`` optional int32 columns per request (``aux``) carry small per-request values to the device in
+    the same copy; requests past the real batch get zeros.
 
     Layout: everything lives in ONE byte buffer whose layout depends on the bucket ``b`` (each bucket's graph
     is captured on its own views, see ``views``): int64 ``ids[b*q] | pos[b*q] | slots[b*q]``, then int32
-    ``seq[b] | bt[b, max_blocks]``.  ``fill`` writes the values with numpy into a host staging buffer of the
-    same layout (pinned on CUDA) and moves them with a single host-to-device copy; on CPU the staging buffer
-    *is* the device buffer, so there is no copy at all.
+    ``seq[b] | aux[b, num_aux] | bt[b, max_blocks]``.  ``fill`` writes the values with numpy into a host staging
+    buffer of the same layout (pinned on CUDA) and moves them with a single host-to-device copy; on CPU the
+    staging buffer *is* the device buffer, so there is no copy at all.
     """
 
-    def __init__(self, max_batch: int, q: int, max_blocks: int, device: torch.device) -> None:
-        self.q, self.max_batch, self.max_blocks = q, max_batch, max_blocks
+    def __init__(
+        self, max_batch: int, q: int, max_blocks: int, device: torch.device, num_aux: int = 0
+    ) -> None:
+        self.q, self.max_batch, self.max_blocks, self.num_aux = q, max_batch, max_blocks, num_aux
         self.device = device
         nbytes = self._nbytes(max_batch, max_batch)
         self._dev = torch.zeros(nbytes, dtype=torch.uint8, device=device)
@@ -134,27 +141,42 @@ class PaddedBatch:
 
     def _nbytes(self, b: int, rows: int) -> int:
         """Bytes of bucket b's layout up to the end of the first ``rows`` block-table rows."""
-        return 24 * b * self.q + 4 * b + 4 * rows * self.max_blocks
+        return 24 * b * self.q + 4 * b * (1 + self.num_aux) + 4 * rows * self.max_blocks
 
     def views(self, b: int) -> BucketViews:
         """Device views for bucket b (the same tensors every call: graphs read them)."""
         v = self._dev_views.get(b)
         if v is None:
-            t, raw = b * self.q, self._dev
+            t, raw, na = b * self.q, self._dev, self.num_aux
             i64 = raw[: 24 * t].view(torch.int64)
             i32 = raw[24 * t : self._nbytes(b, b)].view(torch.int32)
-            v = BucketViews(i64[:t], i64[t : 2 * t], i64[2 * t :], i32[:b], i32[b:].view(b, self.max_blocks))
+            v = BucketViews(
+                i64[:t],
+                i64[t : 2 * t],
+                i64[2 * t :],
+                i32[:b],
+                i32[b * (1 + na) :].view(b, self.max_blocks),
+                i32[b : b * (1 + na)].view(b, na),
+            )
             self._dev_views[b] = v
         return v
 
     def _staging(self, b: int) -> tuple[np.ndarray, ...]:
-        """Host numpy views for bucket b: ids/pos/slots as [b, q] int64, seq [b] and bt [b, max_blocks] int32."""
+        """Host numpy views for bucket b: ids/pos/slots as [b, q] int64, seq [b], bt [b, max_blocks] and
+        aux [b, num_aux] int32."""
         v = self._host_views.get(b)
         if v is None:
-            t, raw = b * self.q, self._host_np
+            t, raw, na = b * self.q, self._host_np, self.num_aux
             i64 = raw[: 24 * t].view(np.int64).reshape(3, b, self.q)
             i32 = raw[24 * t : self._nbytes(b, b)].view(np.int32)
-            v = (i64[0], i64[1], i64[2], i32[:b], i32[b:].reshape(b, self.max_blocks))
+            v = (
+                i64[0],
+                i64[1],
+                i64[2],
+                i32[:b],
+                i32[b * (1 + na) :].reshape(b, self.max_blocks),
+                i32[b : b * (1 + na)].reshape(b, na),
+            )
             self._host_views[b] = v
         return v
 
@@ -172,20 +194,30 @@ class PaddedBatch:
             causal=causal,
         )
 
-    def fill(self, b: int, rows: list[tuple[list[int], int, list[int]]], block_size: int) -> None:
-        """rows: (tokens (at most q), first position, block table) per real request; b >= len(rows)."""
+    def fill(
+        self,
+        b: int,
+        rows: list[tuple[list[int], int, list[int]]],
+        block_size: int,
+        aux: list[list[int]] | None = None,
+    ) -> None:
+        """rows: (tokens (at most q), first position, block table) per real request; b >= len(rows).
+        aux: ``num_aux`` ints per real request (None: zeros)."""
         q, n = self.q, len(rows)
         if n > b:
             raise ValueError(f"{n} requests do not fit bucket {b}")
+        if aux is not None and (len(aux) != n or any(len(a) != self.num_aux for a in aux)):
+            raise ValueError(f"aux must hold {self.num_aux} ints for each of the {n} requests")
         if self._copied is not None:
             self._copied.synchronize()  # the previous copy has read the staging buffer
-        ids, pos, slots, seq, bt = self._staging(b)
+        ids, pos, slots, seq, bt, aux_np = self._staging(b)
         cols = self._cols
-        # block-table columns that attention may read (up to seq_len) are zero past each table, as before;
-        # the columns past those are left as they were (nothing reads them)
-        if n:
-            width = min(self.max_blocks, (max(r[1] for r in rows) + q - 1) // block_size + 1)
-            bt[:n, :width] = 0
+        # the whole row is -1 past each table: no stale block id of an earlier batch survives
+        bt[:n] = -1
+        if self.num_aux:
+            aux_np[:] = 0
+            if aux is not None and n:
+                aux_np[:n] = aux
         # per request: list concatenation and one numpy row write; then a few vectorized writes
         ids_l: list[int] = []
         zeros = self._zeros

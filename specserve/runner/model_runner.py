@@ -148,6 +148,8 @@ class ModelRunner:
         self.generator.manual_seed(config.seed)
         self.num_blocks = 0
         self.num_fast_steps = 0  # steps answered by the in-graph greedy verify (tests, benchmarks)
+        self.num_fused_steps = 0  # of those, steps whose drafter ran on the device too (tests, benchmarks)
+        self.use_fused_step = False  # set up with the uniform path (_setup_uniform_path)
         self.profile = False  # benchmarks: per step (target+verify ms, drafter ms, batch) in self.timings
         self.timings: list[tuple[float, float, int]] = []
 
@@ -279,6 +281,7 @@ class ModelRunner:
         """Static buffers + bucketed CUDA graphs for decode / verify steps (every request runs q tokens)."""
         cfg = self.config
         self.graphs: dict[int, BucketedGraphs] = {}
+        self.use_fused_step = False
         # --enforce-eager keeps the padded path (same kernels, same shapes as the graphs) and only skips capture
         padded = cfg.padded_decode if cfg.padded_decode is not None else (self.device.type == "cuda")
         self.use_padded = padded
@@ -293,7 +296,10 @@ class ModelRunner:
         self._d2h_done = torch.cuda.Event() if dev.type == "cuda" else None
         pool = None
         for q in sorted({1, self.num_speculative_tokens + 1}, reverse=True):
-            buf = self.padded[q] = PaddedBatch(max_b, q, self.max_blocks_per_seq, dev)
+            # verify batches carry (num_draft, draft budget) per request for a fused step (see execute)
+            buf = self.padded[q] = PaddedBatch(
+                max_b, q, self.max_blocks_per_seq, dev, num_aux=2 if q > 1 else 0
+            )
 
             def fn(b: int, buf: PaddedBatch = buf) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
                 v = buf.views(b)
@@ -310,25 +316,41 @@ class ModelRunner:
                 f"target q_len={q}", fn, batch_buckets(max_b), dev, capture, pool, prepare=prepare
             )
             pool = self.graphs[q].pool
-            # the step's single device-to-host copy lands here (pinned, so it can be asynchronous)
-            self._greedy_host[q] = torch.zeros(
-                (max_b, q + 1), dtype=torch.int64, pin_memory=dev.type == "cuda"
-            )
+        # the fused step: the drafter's half of a greedy verify step as a second graph on the same buffers
+        k = self.num_speculative_tokens
+        if k and self.proposer is not None:
+            self.use_fused_step = self.proposer.setup_fused_step(self.graphs[k + 1], self.padded[k + 1])
+        # the step's single device-to-host copy lands here (pinned, so it can be asynchronous), by row width
+        widths = {2, k + 2} | ({2 * k + 2} if self.use_fused_step else set())
+        for w in widths:
+            self._greedy_host[w] = torch.zeros((max_b, w), dtype=torch.int64, pin_memory=dev.type == "cuda")
 
     def _forward_uniform(
         self,
         items: list,  # type: ignore[type-arg]
         q: int,
+        fused: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
         """Pad every request to q tokens (drafts padded with token 0, no KV write) and replay the bucket.
 
         Returns (float logits [b*q, V], tap features or None, greedy_verify's packed [b, q+1] int64).
+        ``fused``: also put each request's (num_draft, draft budget) on the device for the fused step.
         """
         graphs = self.graphs[q]
         b = graphs.bucket(len(items))
         rows = [([s.req.token_ids[s.start]] + s.spec_token_ids, s.start, s.req.block_table) for s in items]
-        self.padded[q].fill(b, rows, self.block_size)
+        aux = [[len(s.spec_token_ids), self._draft_budget(s.req, 1)] for s in items] if fused else None
+        self.padded[q].fill(b, rows, self.block_size, aux)
         return graphs.run(b)
+
+    def _draft_budget(self, req, num_new: int) -> int:  # type: ignore[no-untyped-def]
+        """max_drafts before the floor at 0 for req once num_new tokens are appended to it: the drafter's own
+        context cap (speculative_config.max_model_len) and max_tokens, as vLLM: no drafts past either.  Linear
+        in num_new, so budget(1) - n_acc = budget(1 + n_acc): the fused step's device-side test."""
+        committed = len(req.token_ids) + num_new
+        remaining_len = min(self.max_model_len, self.draft_max_model_len) - committed - 1
+        remaining_out = req.max_tokens - (req.num_output_tokens + num_new) - 1
+        return min(remaining_len, remaining_out)
 
     @staticmethod
     def _greedy_fast_ok(items: list) -> bool:  # type: ignore[type-arg]
@@ -342,12 +364,13 @@ class ModelRunner:
                 return False
         return True
 
-    def _fetch_greedy(self, packed: torch.Tensor, n: int, q: int) -> list[list[int]]:
-        """The step's one device-to-host copy: rows [:n] of greedy_verify's output, as Python lists."""
+    def _fetch_greedy(self, packed: torch.Tensor, n: int) -> list[list[int]]:
+        """The step's one device-to-host copy: rows [:n] of greedy_verify's output (+ the fused step's drafts),
+        as Python lists."""
         src = packed[:n]
         if self._d2h_done is None:
             return src.tolist()
-        dst = self._greedy_host[q][:n]
+        dst = self._greedy_host[packed.shape[1]][:n]
         dst.copy_(src, non_blocking=True)
         self._d2h_done.record(torch.cuda.current_stream(self.device))
         self._d2h_done.synchronize()
@@ -436,10 +459,12 @@ class ModelRunner:
         if self.use_padded and all(s.num_new_tokens == 1 and s.samples for s in items):
             if len(items) <= self.config.max_num_seqs:
                 uniform_q = 1 + self.num_speculative_tokens if any(s.spec_token_ids for s in items) else 1
+        # fused step: the drafter's half runs on the device too, right after the verify graph (one copy back)
+        fused = uniform_q > 1 and self.use_fused_step and self._greedy_fast_ok(items)
         all_logits: torch.Tensor | None = None
         t_start = self._mark()
         if uniform_q:
-            all_logits, features, packed = self._forward_uniform(items, uniform_q)
+            all_logits, features, packed = self._forward_uniform(items, uniform_q, fused)
             q_lens = [uniform_q] * len(items)
         else:
             hidden, features, q_lens = self._forward_ragged(items)
@@ -456,14 +481,32 @@ class ModelRunner:
             # (every item samples on the uniform path). Drafts past num_draft are padding token 0, which may
             # happen to match, hence the cap: this is exactly rejection_sample's greedy result.
             self.num_fast_steps += 1
-            host = self._fetch_greedy(packed, len(items), uniform_q)
+            if fused:
+                assert self.proposer is not None and features is not None
+                self.num_fused_steps += 1
+                t_mid = self._mark()
+                packed = self.proposer.run_fused_step(features, packed)
+            host = self._fetch_greedy(packed, len(items))
+            fused_drafts: dict[str, list[int]] = {}
             for i, s in enumerate(items):
                 nd = len(s.spec_token_ids)
-                vals = host[i]  # q argmax tokens, then n_match
+                vals = host[i]  # q argmax tokens, then n_match (then, fused, K drafts)
                 toks = vals[: min(vals[uniform_q], nd) + 1]
                 emitted[i] = toks
                 o = outputs[s.req.request_id]
                 o.new_token_ids, o.num_draft, o.num_accepted = toks, nd, len(toks) - 1
+                if fused:
+                    # what propose() returns: drafts[:max_drafts]; -1: the device made none (no budget, or a
+                    # block table that does not cover the query block)
+                    d = vals[uniform_q + 1 : uniform_q + 1 + max(0, self._draft_budget(s.req, len(toks)))]
+                    if d and d[0] >= 0:
+                        fused_drafts[s.req.request_id] = d
+            if fused:
+                if self.profile:
+                    self.timings.append(
+                        (self._elapsed(t_start, t_mid), self._elapsed(t_mid, self._mark()), len(items))
+                    )
+                return StepOutput(outputs, fused_drafts)
         elif sampling:
             rows: list[int] = []
             for i in sampling:
@@ -530,9 +573,6 @@ class ModelRunner:
                 new = emitted[i]
                 committed = req.token_ids + new if new else req.token_ids
                 num_valid = s.num_new_tokens + (len(new) - 1 if new else 0)
-                # the drafter's own context cap (speculative_config.max_model_len), as vLLM: no drafts past it
-                remaining_len = min(self.max_model_len, self.draft_max_model_len) - len(committed) - 1
-                remaining_out = req.max_tokens - (req.num_output_tokens + len(new)) - 1
                 inputs.append(
                     DraftInput(
                         token_ids=committed,
@@ -541,7 +581,7 @@ class ModelRunner:
                         row_offset=offsets[i],
                         block_table=req.block_table,
                         draft=bool(new),
-                        max_drafts=max(0, min(remaining_len, remaining_out)),
+                        max_drafts=max(0, self._draft_budget(req, len(new))),
                     )
                 )
             t_mid = self._mark()

@@ -73,6 +73,7 @@ class DFlashProposer(Proposer):
         self.runner = runner
         self.caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.graphs: Any = None
+        self.fused: Any = None  # the fused step's graphs (setup_fused_step)
 
     @property
     def tap_indices(self) -> list[int]:
@@ -88,7 +89,7 @@ class DFlashProposer(Proposer):
 
     def bind_kv_caches(self, caches: list[tuple[torch.Tensor, torch.Tensor]], block_size: int) -> None:
         self.caches = caches
-        self.graphs = None
+        self.graphs = self.fused = None
         runner = self.runner
         padded, capture = drafter_graph_mode(runner)
         if not padded:
@@ -113,6 +114,95 @@ class DFlashProposer(Proposer):
         self.graphs = BucketedGraphs(
             "dflash query pass", fn, batch_buckets(max_b), dev, capture, pool, prepare=prepare
         )
+
+    # ------------------------------------------------------------------ fused step (greedy uniform path)
+    def setup_fused_step(self, target: Any, buf: Any) -> bool:
+        """The drafter half of a device-resident greedy speculative step, as its own bucketed graph.
+
+        ``target`` are the runner's q = K+1 verify graphs, ``buf`` their static inputs (a PaddedBatch whose
+        ``aux`` carries, per request, its number of real drafts and its draft budget: ``max_drafts`` before
+        this step's ``n_acc`` is known, see ModelRunner.execute).  Replayed right after the target's graph on
+        the target's outputs (features [b*q, F], greedy_verify's packed [b, q+1]), it does on the device what
+        ``propose`` does on the host for such a step: context K/V of the committed rows, then the query pass
+        over [bonus, MASK x K], and returns packed + drafts [b, q+1+K] (drafts -1 where no draft is made).
+        Off with a non-padded drafter batch or the spec config's enforce_eager (today's path then).
+        """
+        from specserve.layers.attention import AttnMetadata
+        from specserve.runner.cuda_graphs import BucketedGraphs
+
+        runner, K = self.runner, self.num_speculative_tokens
+        spec = runner.config.speculative_config
+        padded, capture = drafter_graph_mode(runner)
+        if self.graphs is None or not padded or (spec is not None and spec.enforce_eager):
+            return False
+        q, bs, mb, dev = K + 1, runner.block_size, buf.max_blocks, runner.device
+        if buf.q != q or buf.num_aux < 2:
+            raise ValueError("the fused DFlash step needs the q=K+1 batch with 2 aux ints per request")
+        cols = torch.arange(q, device=dev)
+        masks = torch.full((buf.max_batch, K), self.model.mask_token_id, dtype=torch.long, device=dev)
+        backend = runner.backend
+        self._fused_in: tuple[torch.Tensor, torch.Tensor] | None = None
+
+        def fn(b: int) -> torch.Tensor:
+            assert self._fused_in is not None
+            feats, packed = self._fused_in
+            v = buf.views(b)
+            num_draft = v.aux[:, 0].long().clamp(0, K)
+            budget = v.aux[:, 1].long()  # max_drafts = max(0, budget - n_acc)
+            n_acc = torch.minimum(packed[:, q].clamp(0, K), num_draft)
+            # 1) context K/V of rows 0..n_acc (the input token, the accepted drafts) at the target's verify slots
+            ctx_slots = torch.where(cols[None, :] <= n_acc[:, None], v.slots.view(b, q), -1).view(-1)
+            k, val = self.model.context_kv(feats, v.pos)
+            for layer, (kc, vc) in enumerate(self.caches):
+                backend.store(k[layer], val[layer], kc, vc, ctx_slots)
+            # 2) query block [bonus, MASK x K] at first .. first+K (first: the bonus token's position); only for
+            #    real requests that draft (budget left) and whose block table covers the block
+            bonus = packed.gather(1, n_acc[:, None])
+            first = v.pos.view(b, q)[:, 0] + n_acc + 1
+            qpos = first[:, None] + cols[None, :]
+            blk = qpos // bs
+            bid = v.bt.gather(1, blk.clamp(0, mb - 1)).long()
+            covered = ((bid >= 0) & (blk < mb)).all(1)
+            active = (v.seq > 0) & covered & (budget > n_acc)
+            qpos = torch.where(active[:, None], qpos, 0)
+            qslots = torch.where(active[:, None], bid * bs + qpos % bs, -1).view(-1)
+            qseq = torch.where(active, first + q, 0).to(torch.int32)
+            meta = AttnMetadata(
+                buf.qsl[: b + 1],
+                qseq,
+                v.bt,
+                qslots,
+                max_query_len=q,
+                max_seq_len=runner.max_model_len + q,
+                causal=False,
+            )
+            embeds = runner.model.embed_tokens(torch.cat([bonus, masks[:b]], 1).view(-1))
+            hidden = self.model(embeds, qpos.view(-1), meta, self.caches, backend)
+            drafts = runner.model.compute_logits(hidden.view(b, q, -1)[:, 1:]).argmax(-1)
+            return torch.cat([packed, torch.where(active[:, None], drafts, -1)], 1)
+
+        def prepare(b: int) -> None:
+            # an empty batch (no KV writes anywhere) and sane target outputs to read during warm-up and capture
+            buf.fill(b, [], bs)
+            _, feats, packed = target.run(b)
+            self._fused_in = (feats, packed)
+
+        self.fused = BucketedGraphs(
+            "dflash fused step", fn, target.buckets, dev, capture, target.pool, prepare=prepare
+        )
+        self._fused_in = None
+        self._fused_target = target
+        return True
+
+    def run_fused_step(self, features: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
+        b = packed.shape[0]
+        if b in self.fused.graphs:  # a captured graph reads the target graph's static outputs
+            assert packed is self._fused_target.outputs[b][2]
+        self._fused_in = (features, packed)
+        try:
+            return self.fused.run(b)
+        finally:
+            self._fused_in = None
 
     def _query_uniform(self, inputs: list[DraftInput], drafting: list[int]) -> list[list[int]]:
         """The query pass as one graph replay over [last token, MASK x K] per drafting request."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -50,6 +51,16 @@ class Proposer:
         pass
 
     def propose(self, inputs: list[DraftInput], features: torch.Tensor | None) -> list[list[int]]:
+        raise NotImplementedError
+
+    def setup_fused_step(self, target: Any, buf: Any) -> bool:
+        """Build the drafter half of the device-resident greedy step (see ``DFlashProposer``) on the target's
+        q=K+1 graphs ``target`` and their static inputs ``buf``; False when this proposer has none (then every
+        step calls ``propose``)."""
+        return False
+
+    def run_fused_step(self, features: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
+        """The drafter half of a fused step, right after the target's verify graph (no host sync between)."""
         raise NotImplementedError
 
 
