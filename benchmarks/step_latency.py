@@ -202,25 +202,35 @@ def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=48)
     ap.add_argument("--skip-hf", action="store_true")
     ap.add_argument("--skip-eager", action="store_true")
+    ap.add_argument(
+        "--configs",
+        nargs="+",
+        default=["plain", "dflash:4", "dflash:15", "eagle3:4", "eagle3:7"],
+        help="which configurations: plain, dflash:K, eagle3:K",
+    )
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     root = Path(os.environ.get("TMPDIR", "/tmp")) / "specserve-drafters"
     df, ea = write_drafters(root)
     bw = copy_bandwidth()
     print(f"copy bandwidth {bw / 1e12:.2f} TB/s", flush=True)
-    configs = [
-        None,
-        {"method": "dflash", "model": df, "num_speculative_tokens": 4},
-        {"method": "dflash", "model": df, "num_speculative_tokens": 15},
-        {"method": "eagle3", "model": ea, "num_speculative_tokens": 4},
-        {"method": "eagle3", "model": ea, "num_speculative_tokens": 7},
-    ]
+    configs: list[dict | None] = []
+    for c in args.configs:
+        method, _, k = c.partition(":")
+        if method == "plain":
+            configs.append(None)
+        elif method in ("dflash", "eagle3") and k.isdigit():
+            path = df if method == "dflash" else ea
+            configs.append({"method": method, "model": path, "num_speculative_tokens": int(k)})
+        else:
+            ap.error(f"--configs: expected plain, dflash:K or eagle3:K, got {c!r}")
     rows = []
     for spec in configs:
         rows += run_config(args.config_dir, spec, args.batches, eager=False, max_tokens=args.max_tokens)
     if not args.skip_eager:
-        rows += run_config(args.config_dir, None, [1], eager=True, max_tokens=args.max_tokens)
-        rows += run_config(args.config_dir, configs[2], [1], eager=True, max_tokens=args.max_tokens)
+        for spec in configs:
+            if spec is None or (spec["method"] == "dflash" and spec["num_speculative_tokens"] == 15):
+                rows += run_config(args.config_dir, spec, [1], eager=True, max_tokens=args.max_tokens)
     hf_ms = None if args.skip_hf else hf_decode_ms(args.config_dir)
     wb = rows[0]["weight_bytes"]
     floor_ms = 1e3 * wb / (bw / 2)  # reading the weights once: bytes / (read bandwidth = copy rate)
