@@ -62,10 +62,11 @@ class SamplingTensors:
         if len(gens) != n:
             raise ValueError(f"got {len(gens)} generators for {n} sampling params")
         greedy = [p.greedy for p in params]
-        temperature = [0.0 if g else float(p.temperature) for p, g in zip(params, greedy)]
-        top_k = [0 if g else int(p.top_k) for p, g in zip(params, greedy)]
-        top_p = [1.0 if g else float(p.top_p) for p, g in zip(params, greedy)]
-        min_p = [0.0 if g else float(p.min_p) for p, g in zip(params, greedy)]
+        rows = [param_row(p) for p in params]
+        temperature = [r[0] for r in rows]
+        top_k = [r[1] for r in rows]
+        top_p = [r[2] for r in rows]
+        min_p = [r[3] for r in rows]
         return cls(
             temperature=torch.tensor(temperature, dtype=torch.float32, device=device),
             top_k=torch.tensor(top_k, dtype=torch.int64, device=device),
@@ -108,6 +109,40 @@ class SamplingTensors:
             no_top_p=self.no_top_p,
             no_min_p=self.no_min_p,
         )
+
+
+def param_row(p: SamplingParams) -> tuple[float, int, float, float]:
+    """(temperature, top_k, top_p, min_p) of one request as SamplingTensors stores them: a greedy request gets
+    temperature 0 and neutral filters."""
+    if p.greedy:
+        return 0.0, 0, 1.0, 0.0
+    return float(p.temperature), int(p.top_k), float(p.top_p), float(p.min_p)
+
+
+def static_sampling_tensors(
+    temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor
+) -> SamplingTensors:
+    """SamplingTensors over per-row device tensors (as ``param_row`` fills them) with every filter switched on.
+
+    For code that cannot look at the values on the host (CUDA graphs): the host flags then claim nothing, and
+    apply_sampling_constraints runs every step; the neutral values (temperature 0 -> divide by 1, min_p 0,
+    top_k 0, top_p 1) make each a no-op, so the result equals that of ``from_params``' tensors.  Rows with
+    temperature below the greedy threshold are greedy.
+    """
+    n = int(temperature.shape[0])
+    return SamplingTensors(
+        temperature=temperature.to(torch.float32),
+        top_k=top_k.to(torch.int64),
+        top_p=top_p.to(torch.float32),
+        min_p=min_p.to(torch.float32),
+        greedy=temperature < _GREEDY_EPS,
+        generators=[None] * n,
+        all_greedy=False,
+        all_random=False,
+        no_top_k=False,
+        no_top_p=False,
+        no_min_p=False,
+    )
 
 
 def apply_sampling_constraints(logits: torch.Tensor, st: SamplingTensors) -> torch.Tensor:

@@ -99,6 +99,7 @@ class BucketViews(NamedTuple):
     seq: torch.Tensor  # int32 [b]
     bt: torch.Tensor  # int32 [b, max_blocks]
     aux: torch.Tensor  # int32 [b, num_aux]: per-request ints (zeros past the real batch)
+    faux: torch.Tensor  # float32 [b, num_faux]: per-request floats (zeros past the real batch)
 
 
 class PaddedBatch:
@@ -111,19 +112,26 @@ class PaddedBatch:
     graph that derives slots from the table must not write there; the attention kernels read a negative id as
     block 0, which only padding rows can see).  The rows of requests past the real batch are unspecified.
     ``num_aux`` optional int32 columns per request (``aux``) carry small per-request values to the device in
-    the same copy; requests past the real batch get zeros.
+    the same copy; requests past the real batch get zeros.  ``num_faux`` float32 columns (``faux``) likewise.
 
     Layout: everything lives in ONE byte buffer whose layout depends on the bucket ``b`` (each bucket's graph
     is captured on its own views, see ``views``): int64 ``ids[b*q] | pos[b*q] | slots[b*q]``, then int32
-    ``seq[b] | aux[b, num_aux] | bt[b, max_blocks]``.  ``fill`` writes the values with numpy into a host staging
+    ``seq[b] | aux[b, num_aux]``, float32 ``faux[b, num_faux]``, int32 ``bt[b, max_blocks]``.  ``fill`` writes the values with numpy into a host staging
     buffer of the same layout (pinned on CUDA) and moves them with a single host-to-device copy; on CPU the
     staging buffer *is* the device buffer, so there is no copy at all.
     """
 
     def __init__(
-        self, max_batch: int, q: int, max_blocks: int, device: torch.device, num_aux: int = 0
+        self,
+        max_batch: int,
+        q: int,
+        max_blocks: int,
+        device: torch.device,
+        num_aux: int = 0,
+        num_faux: int = 0,
     ) -> None:
         self.q, self.max_batch, self.max_blocks, self.num_aux = q, max_batch, max_blocks, num_aux
+        self.num_faux = num_faux
         self.device = device
         nbytes = self._nbytes(max_batch, max_batch)
         self._dev = torch.zeros(nbytes, dtype=torch.uint8, device=device)
@@ -141,41 +149,45 @@ class PaddedBatch:
 
     def _nbytes(self, b: int, rows: int) -> int:
         """Bytes of bucket b's layout up to the end of the first ``rows`` block-table rows."""
-        return 24 * b * self.q + 4 * b * (1 + self.num_aux) + 4 * rows * self.max_blocks
+        return 24 * b * self.q + 4 * b * (1 + self.num_aux + self.num_faux) + 4 * rows * self.max_blocks
 
     def views(self, b: int) -> BucketViews:
         """Device views for bucket b (the same tensors every call: graphs read them)."""
         v = self._dev_views.get(b)
         if v is None:
-            t, raw, na = b * self.q, self._dev, self.num_aux
+            t, raw, na, nf = b * self.q, self._dev, self.num_aux, self.num_faux
             i64 = raw[: 24 * t].view(torch.int64)
             i32 = raw[24 * t : self._nbytes(b, b)].view(torch.int32)
+            f32 = raw[24 * t : self._nbytes(b, b)].view(torch.float32)
             v = BucketViews(
                 i64[:t],
                 i64[t : 2 * t],
                 i64[2 * t :],
                 i32[:b],
-                i32[b * (1 + na) :].view(b, self.max_blocks),
+                i32[b * (1 + na + nf) :].view(b, self.max_blocks),
                 i32[b : b * (1 + na)].view(b, na),
+                f32[b * (1 + na) : b * (1 + na + nf)].view(b, nf),
             )
             self._dev_views[b] = v
         return v
 
     def _staging(self, b: int) -> tuple[np.ndarray, ...]:
         """Host numpy views for bucket b: ids/pos/slots as [b, q] int64, seq [b], bt [b, max_blocks] and
-        aux [b, num_aux] int32."""
+        aux [b, num_aux] int32, faux [b, num_faux] float32."""
         v = self._host_views.get(b)
         if v is None:
-            t, raw, na = b * self.q, self._host_np, self.num_aux
+            t, raw, na, nf = b * self.q, self._host_np, self.num_aux, self.num_faux
             i64 = raw[: 24 * t].view(np.int64).reshape(3, b, self.q)
             i32 = raw[24 * t : self._nbytes(b, b)].view(np.int32)
+            f32 = raw[24 * t : self._nbytes(b, b)].view(np.float32)
             v = (
                 i64[0],
                 i64[1],
                 i64[2],
                 i32[:b],
-                i32[b * (1 + na) :].reshape(b, self.max_blocks),
+                i32[b * (1 + na + nf) :].reshape(b, self.max_blocks),
                 i32[b : b * (1 + na)].reshape(b, na),
+                f32[b * (1 + na) : b * (1 + na + nf)].reshape(b, nf),
             )
             self._host_views[b] = v
         return v
@@ -200,17 +212,20 @@ class PaddedBatch:
         rows: list[tuple[list[int], int, list[int]]],
         block_size: int,
         aux: list[list[int]] | None = None,
+        faux: list[list[float]] | None = None,
     ) -> None:
         """rows: (tokens (at most q), first position, block table) per real request; b >= len(rows).
-        aux: ``num_aux`` ints per real request (None: zeros)."""
+        aux: ``num_aux`` ints per real request (None: zeros); faux: ``num_faux`` floats likewise."""
         q, n = self.q, len(rows)
         if n > b:
             raise ValueError(f"{n} requests do not fit bucket {b}")
         if aux is not None and (len(aux) != n or any(len(a) != self.num_aux for a in aux)):
             raise ValueError(f"aux must hold {self.num_aux} ints for each of the {n} requests")
+        if faux is not None and (len(faux) != n or any(len(a) != self.num_faux for a in faux)):
+            raise ValueError(f"faux must hold {self.num_faux} floats for each of the {n} requests")
         if self._copied is not None:
             self._copied.synchronize()  # the previous copy has read the staging buffer
-        ids, pos, slots, seq, bt, aux_np = self._staging(b)
+        ids, pos, slots, seq, bt, aux_np, faux_np = self._staging(b)
         cols = self._cols
         # the whole row is -1 past each table: no stale block id of an earlier batch survives
         bt[:n] = -1
@@ -218,6 +233,10 @@ class PaddedBatch:
             aux_np[:] = 0
             if aux is not None and n:
                 aux_np[:n] = aux
+        if self.num_faux:
+            faux_np[:] = 0
+            if faux is not None and n:
+                faux_np[:n] = faux
         # per request: list concatenation and one numpy row write; then a few vectorized writes
         ids_l: list[int] = []
         zeros = self._zeros

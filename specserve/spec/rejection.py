@@ -30,7 +30,12 @@ from collections.abc import Sequence
 
 import torch
 
-from specserve.layers.sampler import SamplingTensors, apply_sampling_constraints, draw_exponential
+from specserve.layers.sampler import (
+    SamplingTensors,
+    apply_sampling_constraints,
+    draw_exponential,
+    static_sampling_tensors,
+)
 
 PLACEHOLDER = -1
 
@@ -180,3 +185,79 @@ def _assemble(draft: torch.Tensor, accepted: torch.Tensor, final: torch.Tensor, 
         out[:, :k] = torch.where(keep, draft, out[:, :k])
     out.scatter_(1, accepted.unsqueeze(1), final.unsqueeze(1))
     return out
+
+
+# ---------------------------------------------------------------------------------------------- in-graph verify
+def greedy_verify(logits: torch.Tensor, ids: torch.Tensor, b: int, q: int) -> torch.Tensor:
+    """Greedy verification of a padded batch, for the graphs (no host syncs).
+
+    ``logits`` [b*q, V] and ``ids`` [b*q] are request-major: request j's committed token, then its q-1 drafts.
+    Returns int64 [b, q+1]: the argmax of each of request j's q rows, then ``n_match``, the number of leading
+    drafts equal to the argmax of the row before them (0 when q == 1).  With num_draft real drafts, request j
+    emits ``argmax[j, : min(n_match, num_draft) + 1]``, which is what rejection_sample gives a greedy request.
+    """
+    am = logits.argmax(dim=-1).view(b, q)
+    if q > 1:
+        match = ids.view(b, q)[:, 1:] == am[:, :-1]
+        n_match = match.to(torch.int64).cumprod(dim=1).sum(dim=1, keepdim=True)
+    else:
+        n_match = torch.zeros_like(am)
+    return torch.cat([am, n_match], dim=1)
+
+
+def sample_verify(
+    logits: torch.Tensor,
+    ids: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    min_p: torch.Tensor,
+    num_draft: torch.Tensor,
+    b: int,
+    q: int,
+    greedy_packed: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """rejection_sample for a padded batch, for the graphs: static shapes, no host syncs, no Python branches on
+    values, random draws from torch's default generator.
+
+    ``logits`` [b*q, V] and ``ids`` [b*q] as in greedy_verify; per request (all [b]): its sampling parameters
+    as ``param_row`` gives them (temperature 0: greedy) and its number of real drafts (the drafts past it are
+    padding: never accepted, and the bonus is drawn at row num_draft).  ``greedy_packed``: greedy_verify's
+    output for these logits, when already computed.
+
+    Returns int64 [b, q+1] in greedy_verify's layout, so that request j emits
+    ``packed[j, : min(packed[j, q], num_draft[j]) + 1]``: greedy rows are exactly greedy_verify's; for a random
+    row, ``packed[j, q]`` is the number of accepted drafts (at most num_draft), the row starts with them and
+    the next entry is the recovered token (drawn from p with the rejected draft removed) or, when all were
+    accepted, the bonus token (drawn from p at row num_draft).  Draws: [b, q-1] uniforms, then [b, V] Exp(1).
+    """
+    vocab, k, device = logits.shape[-1], q - 1, logits.device
+    if greedy_packed is None:
+        greedy_packed = greedy_verify(logits, ids, b, q)
+
+    def per_row(t: torch.Tensor) -> torch.Tensor:
+        return t[:b, None].expand(b, q).reshape(-1)
+
+    st = static_sampling_tensors(per_row(temperature), per_row(top_k), per_row(top_p), per_row(min_p))
+    probs = apply_sampling_constraints(logits, st).softmax(dim=-1).view(b, q, vocab)
+    nd = num_draft[:b].to(torch.int64).clamp(0, k)
+    draft = ids.view(b, q)[:, 1:].clamp(0, vocab - 1)  # [b, k]
+    if k > 0:
+        u = 1.0 - torch.rand(b, k, dtype=torch.float64, device=device)  # (0, 1]
+        p_d = probs[:, :k].gather(2, draft.unsqueeze(-1)).squeeze(-1).to(torch.float64)
+        valid = torch.arange(k, device=device).unsqueeze(0) < nd.unsqueeze(1)
+        accepted = ((p_d >= u) & valid).to(torch.int64).cumprod(dim=1).sum(dim=1)
+    else:
+        accepted = torch.zeros(b, dtype=torch.int64, device=device)
+    # p at the first rejected position, or at the bonus position (row num_draft) when every draft was accepted
+    p_at = probs.gather(1, accepted.view(b, 1, 1).expand(b, 1, vocab)).squeeze(1)  # [b, V]
+    if k > 0:
+        d_at = draft.gather(1, accepted.clamp(max=k - 1).unsqueeze(1)).squeeze(1)
+        dist = torch.where((accepted < nd).unsqueeze(1), _residual(p_at, d_at, None), p_at)
+    else:
+        dist = p_at
+    e = draw_exponential(b, vocab, [None] * b, None, device)
+    final = (dist / e).argmax(dim=-1)
+    sampled = torch.cat([_assemble(draft, accepted, final, k), accepted.unsqueeze(1)], dim=1)
+    greedy = st.greedy.view(b, q)[:, :1]
+    return torch.where(greedy, greedy_packed, sampled)
