@@ -16,11 +16,11 @@ import torch
 from specserve.config import EngineConfig, ModelConfig
 from specserve.engine.scheduler import SchedulerOutput
 from specserve.layers.attention import AttnMetadata, make_backend
-from specserve.layers.sampler import SamplingTensors, compute_logprobs, gather_logprobs, sample
+from specserve.layers.sampler import SamplingTensors, compute_logprobs, gather_logprobs, param_row, sample
 from specserve.models.llama import DecoderLM
 from specserve.runner.cuda_graphs import BucketedGraphs, PaddedBatch, batch_buckets
 from specserve.spec.proposer import DraftInput, Proposer
-from specserve.spec.rejection import rejection_sample
+from specserve.spec.rejection import greedy_verify, rejection_sample, sample_verify
 
 logger = logging.getLogger("specserve")
 
@@ -85,23 +85,6 @@ def resolve_dtype(dtype: str, hf_dtype: object, device: torch.device) -> torch.d
     return torch.bfloat16
 
 
-def greedy_verify(logits: torch.Tensor, ids: torch.Tensor, b: int, q: int) -> torch.Tensor:
-    """Greedy verification of a padded batch, for the graphs (no host syncs).
-
-    ``logits`` [b*q, V] and ``ids`` [b*q] are request-major: request j's committed token, then its q-1 drafts.
-    Returns int64 [b, q+1]: the argmax of each of request j's q rows, then ``n_match``, the number of leading
-    drafts equal to the argmax of the row before them (0 when q == 1).  With num_draft real drafts, request j
-    emits ``argmax[j, : min(n_match, num_draft) + 1]``, which is what rejection_sample gives a greedy request.
-    """
-    am = logits.argmax(dim=-1).view(b, q)
-    if q > 1:
-        match = ids.view(b, q)[:, 1:] == am[:, :-1]
-        n_match = match.to(torch.int64).cumprod(dim=1).sum(dim=1, keepdim=True)
-    else:
-        n_match = torch.zeros_like(am)
-    return torch.cat([am, n_match], dim=1)
-
-
 class ModelRunner:
     def __init__(
         self,
@@ -147,7 +130,8 @@ class ModelRunner:
         self.generator = torch.Generator(device=device)
         self.generator.manual_seed(config.seed)
         self.num_blocks = 0
-        self.num_fast_steps = 0  # steps answered by the in-graph greedy verify (tests, benchmarks)
+        self.num_fast_steps = 0  # steps answered by the in-graph verify / sampling (tests, benchmarks)
+        self.num_sampling_steps = 0  # of those, steps with random (temperature > 0) requests (tests)
         self.num_fused_steps = 0  # of those, steps whose drafter ran on the device too (tests, benchmarks)
         self.use_fused_step = False  # set up with the uniform path (_setup_uniform_path)
         self.profile = False  # benchmarks: per step (target+verify ms, drafter ms, batch) in self.timings
@@ -295,11 +279,12 @@ class ModelRunner:
         self._greedy_host: dict[int, torch.Tensor] = {}
         self._d2h_done = torch.cuda.Event() if dev.type == "cuda" else None
         pool = None
+        self.sample_graphs: dict[int, BucketedGraphs] = {}
+        self._sample_in: tuple[torch.Tensor, torch.Tensor] | None = None
         for q in sorted({1, self.num_speculative_tokens + 1}, reverse=True):
-            # verify batches carry (num_draft, draft budget) per request for a fused step (see execute)
-            buf = self.padded[q] = PaddedBatch(
-                max_b, q, self.max_blocks_per_seq, dev, num_aux=2 if q > 1 else 0
-            )
+            # per request: ints (num_draft, draft budget, top_k), floats (temperature, top_p, min_p); the first
+            # two for a fused step, all for in-graph sampling (see _forward_uniform)
+            buf = self.padded[q] = PaddedBatch(max_b, q, self.max_blocks_per_seq, dev, num_aux=3, num_faux=3)
 
             def fn(b: int, buf: PaddedBatch = buf) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
                 v = buf.views(b)
@@ -316,6 +301,7 @@ class ModelRunner:
                 f"target q_len={q}", fn, batch_buckets(max_b), dev, capture, pool, prepare=prepare
             )
             pool = self.graphs[q].pool
+            self.sample_graphs[q] = self._sampling_graphs(q, capture, pool)
         # the fused step: the drafter's half of a greedy verify step as a second graph on the same buffers
         k = self.num_speculative_tokens
         if k and self.proposer is not None:
@@ -325,22 +311,69 @@ class ModelRunner:
         for w in widths:
             self._greedy_host[w] = torch.zeros((max_b, w), dtype=torch.int64, pin_memory=dev.type == "cuda")
 
+    def _sampling_graphs(self, q: int, capture: bool, pool: Any) -> BucketedGraphs:
+        """Random sampling + acceptance of a uniform step as a second graph per bucket, replayed right after the
+        target's on its outputs (only on steps with random requests: greedy steps pay nothing for it).  It
+        overwrites the target graph's packed output in place with sample_verify's (same layout, greedy rows
+        unchanged), so everything downstream (the fused step, the one copy back) reads the same tensor."""
+        buf, target = self.padded[q], self.graphs[q]
+
+        def fn(b: int) -> torch.Tensor:
+            assert self._sample_in is not None
+            logits, packed = self._sample_in
+            v = buf.views(b)
+            temp, top_p, min_p = v.faux.unbind(1)
+            num_draft, _, top_k = v.aux.unbind(1)
+            out = sample_verify(logits, v.ids, temp, top_k, top_p, min_p, num_draft, b, q, packed)
+            return packed.copy_(out)
+
+        def prepare(b: int) -> None:
+            # an empty batch (all greedy, no KV writes) and the target's outputs to read during warm-up and capture
+            buf.fill(b, [], self.block_size)
+            logits, _, packed = target.run(b)
+            self._sample_in = (logits, packed)
+
+        graphs = BucketedGraphs(
+            f"sampling q_len={q}", fn, target.buckets, self.device, capture, pool, prepare
+        )
+        self._sample_in = None
+        return graphs
+
+    def _sample_uniform(self, q: int, logits: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
+        b = packed.shape[0]
+        graphs = self.sample_graphs[q]
+        if b in graphs.graphs:  # a captured graph reads (and writes) the target graph's static outputs
+            assert packed is self.graphs[q].outputs[b][2]
+        self._sample_in = (logits, packed)
+        try:
+            return graphs.run(b)
+        finally:
+            self._sample_in = None
+
     def _forward_uniform(
         self,
         items: list,  # type: ignore[type-arg]
         q: int,
-        fused: bool = False,
+        with_params: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
         """Pad every request to q tokens (drafts padded with token 0, no KV write) and replay the bucket.
 
         Returns (float logits [b*q, V], tap features or None, greedy_verify's packed [b, q+1] int64).
-        ``fused``: also put each request's (num_draft, draft budget) on the device for the fused step.
+        ``with_params``: also put each request's (num_draft, draft budget, top_k) and (temperature, top_p,
+        min_p) on the device, for the fused step and in-graph sampling (otherwise zeros: all greedy).
         """
         graphs = self.graphs[q]
         b = graphs.bucket(len(items))
         rows = [([s.req.token_ids[s.start]] + s.spec_token_ids, s.start, s.req.block_table) for s in items]
-        aux = [[len(s.spec_token_ids), self._draft_budget(s.req, 1)] for s in items] if fused else None
-        self.padded[q].fill(b, rows, self.block_size, aux)
+        aux: list[list[int]] | None = None
+        faux: list[list[float]] | None = None
+        if with_params:
+            aux, faux = [], []
+            for s in items:
+                temp, top_k, top_p, min_p = param_row(s.req.params)
+                aux.append([len(s.spec_token_ids), self._draft_budget(s.req, 1), top_k])
+                faux.append([temp, top_p, min_p])
+        self.padded[q].fill(b, rows, self.block_size, aux, faux)
         return graphs.run(b)
 
     def _draft_budget(self, req, num_new: int) -> int:  # type: ignore[no-untyped-def]
@@ -359,6 +392,22 @@ class ModelRunner:
         for s in items:
             p = s.req.params
             if not p.greedy or p.logprobs is not None:
+                return False
+            if p.min_tokens and p._all_stop_token_ids and s.req.num_output_tokens < p.min_tokens:
+                return False
+        return True
+
+    def _graph_sampling_ok(self, items: list) -> bool:  # type: ignore[type-arg]
+        """True when the graphs answer the step: _greedy_fast_ok, or some request samples and every request is
+        greedy or random without a seed (a seeded request's stream must not depend on its batch: host path),
+        with no logprobs and no min_tokens masking.  Mixed greedy + random batches are eligible."""
+        if self._greedy_fast_ok(items):
+            return True
+        if all(s.req.params.greedy for s in items):
+            return False  # the greedy check said no (logprobs, min_tokens)
+        for s in items:
+            p = s.req.params
+            if p.logprobs is not None or (p.seed is not None and not p.greedy):
                 return False
             if p.min_tokens and p._all_stop_token_ids and s.req.num_output_tokens < p.min_tokens:
                 return False
@@ -459,12 +508,17 @@ class ModelRunner:
         if self.use_padded and all(s.num_new_tokens == 1 and s.samples for s in items):
             if len(items) <= self.config.max_num_seqs:
                 uniform_q = 1 + self.num_speculative_tokens if any(s.spec_token_ids for s in items) else 1
-        # fused step: the drafter's half runs on the device too, right after the verify graph (one copy back)
-        fused = uniform_q > 1 and self.use_fused_step and self._greedy_fast_ok(items)
+        # in-graph step: argmax / random sampling and acceptance on the device, one copy back; fused step: the
+        # drafter's half runs on the device too, right after the verify graph
+        in_graph = bool(uniform_q) and self._graph_sampling_ok(items)
+        random_rows = in_graph and not all(s.req.params.greedy for s in items)
+        fused = uniform_q > 1 and self.use_fused_step and in_graph
         all_logits: torch.Tensor | None = None
         t_start = self._mark()
         if uniform_q:
-            all_logits, features, packed = self._forward_uniform(items, uniform_q, fused)
+            all_logits, features, packed = self._forward_uniform(items, uniform_q, fused or random_rows)
+            if random_rows:
+                packed = self._sample_uniform(uniform_q, all_logits, packed)
             q_lens = [uniform_q] * len(items)
         else:
             hidden, features, q_lens = self._forward_ragged(items)
@@ -476,11 +530,13 @@ class ModelRunner:
         for n in q_lens:
             offsets.append(offsets[-1] + n)
         emitted: list[list[int]] = [[] for _ in items]
-        if uniform_q and self._greedy_fast_ok(items):
-            # greedy fast path: argmax and acceptance were computed in the graph; one copy, no other syncs
-            # (every item samples on the uniform path). Drafts past num_draft are padding token 0, which may
-            # happen to match, hence the cap: this is exactly rejection_sample's greedy result.
+        if in_graph:
+            # fast path: argmax / sampling and acceptance were computed in the graphs; one copy, no other syncs
+            # (every item samples on the uniform path). Greedy: drafts past num_draft are padding token 0, which
+            # may happen to match, hence the cap: this is exactly rejection_sample's greedy result (random rows
+            # come capped already; see sample_verify).
             self.num_fast_steps += 1
+            self.num_sampling_steps += int(random_rows)
             if fused:
                 assert self.proposer is not None and features is not None
                 self.num_fused_steps += 1
@@ -490,7 +546,7 @@ class ModelRunner:
             fused_drafts: dict[str, list[int]] = {}
             for i, s in enumerate(items):
                 nd = len(s.spec_token_ids)
-                vals = host[i]  # q argmax tokens, then n_match (then, fused, K drafts)
+                vals = host[i]  # q tokens, then n_match / n_acc (then, fused, K drafts)
                 toks = vals[: min(vals[uniform_q], nd) + 1]
                 emitted[i] = toks
                 o = outputs[s.req.request_id]

@@ -1,0 +1,313 @@
+"""Random sampling inside the uniform (graph) step: sample_verify, and the engine taking it for temperature > 0.
+
+sample_verify is rejection_sample for a padded batch (static shapes, torch's default generator).  The unit tests
+check its distributions with chi-square tests (the global torch seed is fixed so the tests are reproducible),
+each with a power check: a deliberately wrong variant must fail the same test.  On CPU the "graphs" run
+eagerly on the same static buffers, so the engine tests check that temperature > 0 steps take the in-graph path
+(plain decode, n-gram, DFlash with the fused step), that greedy requests keep their exact tokens, and that
+seeded and logprobs requests keep the host path.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from drafters import make_dflash
+from safetensors.torch import load_file, save_file
+from stats import chi2_pvalue
+
+import specserve.spec.rejection as rejection_mod
+from specserve import LLM, SamplingParams
+from specserve.layers.sampler import SamplingTensors, apply_sampling_constraints, param_row
+from specserve.spec.rejection import greedy_verify, sample_verify
+
+VOCAB = 49152
+PROMPTS = [
+    "Hello there, how are you doing today? I wanted to ask you about the weather in",
+    "1 2 3 4 5 6 7 8 9 10 1 2 3 4 5 6 7",
+    "a",
+]
+
+
+# ---------------------------------------------------------------------------------------------- helpers
+def _params(sps: list[SamplingParams]) -> tuple[torch.Tensor, ...]:
+    rows = [param_row(p) for p in sps]
+    return (
+        torch.tensor([r[0] for r in rows], dtype=torch.float32),
+        torch.tensor([r[1] for r in rows], dtype=torch.int32),
+        torch.tensor([r[2] for r in rows], dtype=torch.float32),
+        torch.tensor([r[3] for r in rows], dtype=torch.float32),
+    )
+
+
+def _target_probs(logits: torch.Tensor, sp: SamplingParams) -> torch.Tensor:
+    """The host sampler's distribution for one row of logits."""
+    st = SamplingTensors.from_params([sp])
+    return apply_sampling_constraints(logits.view(1, -1), st).softmax(-1)[0]
+
+
+def _run(
+    logits: torch.Tensor, drafts: list[int], num_draft: int, sp: SamplingParams, n: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """n copies of one request (q = len(drafts) + 1 rows of logits): (tokens [n, q], accepted [n])."""
+    q = logits.shape[0]
+    ids = torch.tensor([7] + drafts, dtype=torch.int64).repeat(n)
+    temp, top_k, top_p, min_p = _params([sp] * n)
+    nd = torch.full((n,), num_draft, dtype=torch.int32)
+    packed = sample_verify(logits.repeat(n, 1), ids, temp, top_k, top_p, min_p, nd, n, q)
+    assert packed.shape == (n, q + 1) and packed.dtype == torch.int64
+    return packed[:, :q], packed[:, q]
+
+
+def _counts(tokens: torch.Tensor, vocab: int) -> torch.Tensor:
+    return torch.bincount(tokens, minlength=vocab)
+
+
+# ---------------------------------------------------------------------------------------------- plain sampling
+@pytest.mark.parametrize(
+    "sp",
+    [
+        SamplingParams(temperature=0.8),
+        SamplingParams(temperature=1.3, top_k=3),
+        SamplingParams(temperature=1.0, top_p=0.7),
+        SamplingParams(temperature=0.9, min_p=0.15),
+        SamplingParams(temperature=0.7, top_k=5, top_p=0.9, min_p=0.05),
+    ],
+)
+def test_plain_sampling_matches_the_host_distribution(sp):
+    torch.manual_seed(0)
+    vocab, n = 8, 20000
+    logits = torch.randn(1, vocab, generator=torch.Generator().manual_seed(1)) * 1.5
+    tokens, accepted = _run(logits, [], 0, sp, n)
+    assert (accepted == 0).all()
+    want = _target_probs(logits[0], sp)
+    assert chi2_pvalue(_counts(tokens[:, 0], vocab), want) > 1e-3
+    # power: the distribution without this request's constraints (temperature 1, no filters) is rejected
+    assert chi2_pvalue(_counts(tokens[:, 0], vocab), logits[0].softmax(-1)) < 1e-6
+
+
+def test_mixed_batch_greedy_rows_are_greedy_verify():
+    torch.manual_seed(1)
+    g = torch.Generator().manual_seed(2)
+    b, q, vocab = 12, 4, 5
+    logits = torch.randn(b * q, vocab, generator=g)
+    ids = torch.randint(0, vocab, (b * q,), generator=g)
+    sps = [SamplingParams(temperature=0.0 if j % 2 else 0.9, top_k=1 if j % 3 == 0 else 0) for j in range(b)]
+    temp, top_k, top_p, min_p = _params(sps)
+    nd = torch.randint(0, q, (b,), generator=g)
+    packed = sample_verify(logits, ids, temp, top_k, top_p, min_p, nd, b, q)
+    ref = greedy_verify(logits, ids, b, q)
+    greedy = torch.tensor([p.greedy for p in sps])
+    assert torch.equal(packed[greedy], ref[greedy])
+    # random rows: count capped at num_draft, the emitted drafts are the real drafts
+    for j in (~greedy).nonzero().flatten().tolist():
+        a = int(packed[j, q])
+        assert 0 <= a <= int(nd[j])
+        assert packed[j, :a].tolist() == ids[j * q + 1 : j * q + 1 + a].tolist()
+
+
+# ---------------------------------------------------------------------------------------------- verification
+VOCAB_S = 6
+SP = SamplingParams(temperature=0.9, top_k=5)
+
+
+def _verify_logits(seed: int) -> torch.Tensor:
+    return torch.randn(3, VOCAB_S, generator=torch.Generator().manual_seed(seed)) * 1.5
+
+
+@pytest.mark.parametrize("which", ["likely", "unlikely", "filtered"])
+def test_first_token_is_lossless_and_acceptance_rate_is_p(which):
+    torch.manual_seed(3)
+    n = 40000
+    logits = _verify_logits(4)
+    p0, p1 = _target_probs(logits[0], SP), _target_probs(logits[1], SP)
+    order = p0.argsort(descending=True).tolist()
+    d0 = {"likely": order[0], "unlikely": order[3], "filtered": order[-1]}[which]  # filtered: p0(d0) == 0
+    d1 = order[1]
+    tokens, accepted = _run(logits, [d0, d1], 2, SP, n)
+    assert chi2_pvalue(_counts(tokens[:, 0], VOCAB_S), p0) > 1e-3
+    rate, want = float((accepted >= 1).double().mean()), float(p0[d0])
+    if want == 0:
+        assert rate == 0
+    else:
+        assert abs(rate - want) < 4 * (want * (1 - want) / n) ** 0.5
+    # the token after an accepted draft is distributed as p_1, whatever the second draft
+    after = tokens[accepted >= 1, 1]
+    if after.numel() > 1000:
+        assert chi2_pvalue(_counts(after, VOCAB_S), p1) > 1e-3
+    assert (accepted <= 2).all()
+    assert (tokens[accepted >= 1, 0] == d0).all() and (tokens[accepted == 2, 1] == d1).all()
+
+
+def test_power_residual_from_p_instead_of_p_without_the_draft(monkeypatch):
+    """Recovering from p (instead of p with the rejected draft removed) over-emits the draft: caught."""
+    torch.manual_seed(5)
+    n = 40000
+    logits = _verify_logits(4)
+    p0 = _target_probs(logits[0], SP)
+    d0 = int(p0.argmax())
+    monkeypatch.setattr(rejection_mod, "_residual", lambda p, d, q: p)
+    tokens, _ = _run(logits, [d0, 0], 2, SP, n)
+    assert chi2_pvalue(_counts(tokens[:, 0], VOCAB_S), p0) < 1e-6
+
+
+def test_power_wrong_bonus_row(monkeypatch):
+    """Drawing the token after an accepted draft from p_0 again (a wrong row) fails the p_1 test."""
+    torch.manual_seed(6)
+    n = 40000
+    logits = _verify_logits(7)
+    p0, p1 = _target_probs(logits[0], SP), _target_probs(logits[1], SP)
+    d0 = int(p0.argmax())
+    wrong = logits.clone()
+    wrong[1] = wrong[0]  # what an off-by-one row index would read
+    tokens, accepted = _run(wrong[:2], [d0], 1, SP, n)
+    assert chi2_pvalue(_counts(tokens[accepted == 1, 1], VOCAB_S), p1) < 1e-6
+
+
+@pytest.mark.parametrize("num_draft", [0, 1])
+def test_padding_drafts_are_never_accepted(num_draft):
+    """Drafts past num_draft are padding (token 0 in the graphs); make token 0 (nearly) certain under the target
+    at every row: the padding is still never accepted, and the bonus comes from p at row num_draft (mostly token
+    0 here; a residual would never give 0)."""
+    torch.manual_seed(8)
+    n = 20000
+    logits = _verify_logits(9)
+    logits[:, 0] += 6.0
+    drafts = [0, 0]
+    pb = _target_probs(logits[num_draft], SP)
+    tokens, accepted = _run(logits, drafts, num_draft, SP, n)
+    assert (accepted <= num_draft).all()
+    assert chi2_pvalue(_counts(tokens[accepted == num_draft, num_draft], VOCAB_S), pb) > 1e-3
+    # power: the same drafts, all real, get accepted past num_draft
+    _, acc_all = _run(logits, drafts, 2, SP, 2000)
+    assert (acc_all > num_draft).float().mean() > 0.5
+
+
+# ---------------------------------------------------------------------------------------------- engine
+def _edit_target(src: str, dst: Path, edit) -> str:  # type: ignore[no-untyped-def]
+    shutil.copytree(src, dst, dirs_exist_ok=True)
+    w = load_file(str(dst / "model.safetensors"))
+    edit(w)
+    save_file(w, str(dst / "model.safetensors"), metadata={"format": "pt"})
+    return str(dst)
+
+
+@pytest.fixture(scope="module")
+def often_dir(tiny_qwen3_dir, tmp_path_factory) -> str:
+    """Two LM-head rows scaled up: most probability on two tokens, so sampled drafts get accepted often."""
+
+    def edit(w):  # type: ignore[no-untyped-def]
+        w["lm_head.weight"][[101, 202]] *= 300
+
+    return _edit_target(tiny_qwen3_dir, tmp_path_factory.mktemp("gs_often"), edit)
+
+
+@pytest.fixture(scope="module")
+def dflash_dir(tmp_path_factory) -> str:
+    return make_dflash(tmp_path_factory.mktemp("gs_dflash"), 64, 4, VOCAB, layer_ids=[0, 2])
+
+
+def _spec(method: str, dflash_dir: str):  # type: ignore[no-untyped-def]
+    return {
+        "plain": None,
+        "ngram": {
+            "method": "ngram",
+            "num_speculative_tokens": 3,
+            "prompt_lookup_min": 1,
+            "prompt_lookup_max": 3,
+        },
+        "dflash": {"method": "dflash", "model": dflash_dir, "num_speculative_tokens": 3},
+    }[method]
+
+
+def _llm(model: str, spec) -> LLM:  # type: ignore[no-untyped-def]
+    return LLM(
+        model, dtype="float32", device="cpu", max_num_seqs=4, speculative_config=spec, padded_decode=True
+    )
+
+
+def _record(llm: LLM) -> list:
+    """Per step: (any random request, any seeded / logprobs request, in-graph sampling steps taken, uniform step)."""
+    runner = llm.engine.runner
+    log: list = []
+    execute = runner.execute
+
+    def wrapped(sched):  # type: ignore[no-untyped-def]
+        before = runner.num_sampling_steps
+        uniform = all(s.num_new_tokens == 1 and s.samples for s in sched.scheduled)
+        out = execute(sched)
+        ps = [s.req.params for s in sched.scheduled]
+        rand = any(not p.greedy for p in ps)
+        host = any(p.seed is not None or p.logprobs is not None for p in ps)
+        log.append((rand, host, runner.num_sampling_steps - before, uniform))
+        return out
+
+    runner.execute = wrapped
+    return log
+
+
+def _check_spec_metrics(llm: LLM) -> None:
+    m = llm.get_metrics()
+    if "spec_decode_num_drafts" in m:
+        assert 0 <= m["spec_decode_num_accepted_tokens"] <= m["spec_decode_num_draft_tokens"]
+    assert m["num_free_blocks"] == m["num_gpu_blocks"]
+
+
+@pytest.mark.parametrize("method", ["plain", "ngram", "dflash"])
+def test_engine_samples_in_the_graphs(method, often_dir, dflash_dir):
+    spec = _spec(method, dflash_dir)
+    max_tokens = [14, 9, 12]
+    greedy = [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True) for m in max_tokens]
+    mixed = [SamplingParams(temperature=0.8, max_tokens=m, ignore_eos=True) for m in max_tokens[:2]] + greedy[
+        2:
+    ]
+    mixed[1].top_k, mixed[1].top_p = 20, 0.9
+    base = [o.outputs[0].token_ids for o in _llm(often_dir, spec).generate(PROMPTS, greedy)]
+    torch.manual_seed(0)
+    llm = _llm(often_dir, spec)
+    log = _record(llm)
+    outs = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, mixed)]
+    runner = llm.engine.runner
+    assert [len(t) for t in outs] == max_tokens
+    assert all(0 <= t < VOCAB for toks in outs for t in toks)
+    assert outs[2] == base[2]  # the greedy request of the mixed batch: token for token its greedy output
+    # every uniform step with a random request in it sampled in the graphs
+    for rand, _, took, uniform in log:
+        assert took == int(uniform and rand)
+    assert runner.num_sampling_steps > 0
+    assert runner.num_sampling_steps <= runner.num_fast_steps
+    _check_spec_metrics(llm)
+    if spec is not None:
+        m = llm.get_metrics()
+        assert m["spec_decode_num_drafts"] > 0 and m["spec_decode_num_accepted_tokens"] > 0
+    if method == "dflash":
+        assert runner.use_fused_step and runner.num_fused_steps > 0
+        assert runner.num_fused_steps <= runner.num_fast_steps
+
+
+@pytest.mark.parametrize("method", ["ngram", "dflash"])
+def test_seeded_and_logprobs_requests_keep_the_host_path(method, often_dir, dflash_dir):
+    spec = _spec(method, dflash_dir)
+    sps = [
+        SamplingParams(temperature=0.8, seed=11, max_tokens=6, ignore_eos=True),
+        SamplingParams(temperature=0.8, logprobs=2, max_tokens=4, ignore_eos=True),
+        SamplingParams(temperature=0.8, max_tokens=30, ignore_eos=True),
+    ]
+    results = []
+    for global_seed in (0, 1):
+        torch.manual_seed(global_seed)  # the in-graph draws; the seeded request must not depend on them
+        llm = _llm(often_dir, spec)
+        log = _record(llm)
+        outs = llm.generate(PROMPTS, sps)
+        for _, host, took, uniform in log:
+            assert took == int(uniform and not host)
+        assert llm.engine.runner.num_sampling_steps > 0  # the unseeded request alone, at the end
+        lp = outs[1].outputs[0].logprobs
+        assert lp is not None and len(lp) == 4
+        assert [len(o.outputs[0].token_ids) for o in outs] == [6, 4, 30]
+        _check_spec_metrics(llm)
+        results.append(outs[0].outputs[0].token_ids)
+    assert results[0] == results[1]
