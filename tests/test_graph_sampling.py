@@ -109,6 +109,18 @@ def test_mixed_batch_greedy_rows_are_greedy_verify():
         assert packed[j, :a].tolist() == ids[j * q + 1 : j * q + 1 + a].tolist()
 
 
+def test_profile_sampling_call_samples_every_row():
+    """The memory profile's sample_verify call (GPU only in the engine): every row is a random row of its own."""
+    from specserve.runner.model_runner import ModelRunner
+
+    torch.manual_seed(2)
+    logits = torch.zeros(3000, 4)
+    logits[:, 1] = 1.0
+    packed = ModelRunner._profile_sampling(logits, torch.zeros(3000, dtype=torch.int64))
+    assert packed.shape == (3000, 2) and (packed[:, 1] == 0).all()
+    assert chi2_pvalue(_counts(packed[:, 0], 4), logits[0].softmax(-1)) > 1e-3
+
+
 # ---------------------------------------------------------------------------------------------- verification
 VOCAB_S = 6
 SP = SamplingParams(temperature=0.9, top_k=5)

@@ -213,13 +213,24 @@ class ModelRunner:
             pos = torch.arange(num_tokens, dtype=torch.long, device=self.device)
             hidden, _ = self.model(ids, pos, meta)
             rows = min(num_tokens, self.config.max_num_seqs * (1 + self.num_speculative_tokens))
-            self.model.compute_logits(hidden[-rows:]).float().softmax(-1)
+            logits = self.model.compute_logits(hidden[-rows:]).float()
+            logits.softmax(-1)
+            # the temporaries of sampling these rows (sample_verify: the sampling graph; the host sampler needs less)
+            self._profile_sampling(logits, ids[-rows:])
             torch.cuda.synchronize(self.device)
             peak = torch.cuda.max_memory_allocated(self.device) - base
         finally:
             self.model.kv_caches = saved
             torch.cuda.empty_cache()
         return int(peak)
+
+    @staticmethod
+    def _profile_sampling(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """sample_verify over every row as a random row of its own (every filter runs in the graphs anyway)."""
+        rows = logits.shape[0]
+        ones = torch.ones(rows, dtype=torch.float32, device=logits.device)
+        zeros = torch.zeros(rows, dtype=torch.int32, device=logits.device)
+        return sample_verify(logits, ids, ones, zeros, ones, ones * 0, zeros, rows, 1)
 
     def allocate_kv_cache(self, num_blocks: int) -> None:
         c = self.model_config
