@@ -678,6 +678,10 @@ def test_max_time_shrinks_the_schedule_to_the_budget(tmp_path, tiny):
                                       "--max-time", "0.001")))  # fmt: skip
     assert res.metrics["total_steps"] == res.metrics["steps"] < 400
     assert res.metrics["steps"] == 20  # min(20, 400 // 10) calibration steps, then no time left
+    # a budget the estimate overshoots still ends the run (single process): past calibration it stops at max_time
+    late = run(parse_args(_dflash_args(tiny, str(tmp_path / "late"), "--max-steps", "400", "--epochs", "100",
+                                       "--max-time", "1.5")))  # fmt: skip
+    assert late.metrics["steps"] < 400 and late.metrics["seconds"] < 10  # 400 steps take ~20-40 s here
     roomy = run(parse_args(_dflash_args(tiny, str(tmp_path / "b"), "--max-steps", "6", "--epochs", "100",
                                         "--max-time", "3600")))  # fmt: skip
     assert roomy.metrics["total_steps"] == roomy.metrics["steps"] == 6

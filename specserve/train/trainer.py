@@ -290,6 +290,13 @@ class Trainer:
                 if args.max_time is not None and self.step - start_step == calib:
                     end = self._fit_time_budget(time.time() - t0, step_times, end)
                     bar.total = self.total_steps
+                elif (
+                    args.max_time is not None
+                    and self.world == 1
+                    and self.step - start_step > calib
+                    and time.time() - t0 > args.max_time
+                ):
+                    end = self.step  # the estimate was short: stop at the budget anyway (single process)
                 if self.step % max(1, args.log_every) == 0 or self.step == end:
                     red = self._reduce({k: (v / n_window if k == "loss" else v) for k, v in window.items()})
                     last = summarize(red)
