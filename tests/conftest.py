@@ -97,3 +97,16 @@ def tiny_qwen3_dir(tmp_path_factory, smol_tokenizer) -> str:
 @pytest.fixture(scope="session")
 def tiny_qwen2_dir(tmp_path_factory, smol_tokenizer) -> str:
     return build_tiny("qwen2", tmp_path_factory.mktemp("tiny_qwen2"), smol_tokenizer, seed=3)
+
+
+@pytest.fixture(scope="session")
+def often_qwen3_dir(tiny_qwen3_dir, tmp_path_factory) -> str:
+    """tiny_qwen3_dir with two LM-head rows scaled up: target and drafter mostly pick one of two tokens, so
+    drafts are right about half the time (every acceptance length shows up; sampled drafts are often accepted)."""
+
+    def edit(w):  # type: ignore[no-untyped-def]
+        w["lm_head.weight"][[101, 202]] *= 300
+
+    from drafters import edit_target
+
+    return edit_target(tiny_qwen3_dir, tmp_path_factory.mktemp("often"), edit)

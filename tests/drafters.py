@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
 
 def _layer(
@@ -136,3 +137,12 @@ def make_eagle3(
     save_file({k: v.contiguous() for k, v in w.items()}, str(path / "model.safetensors"))
     (path / "config.json").write_text(json.dumps(cfg))
     return str(path)
+
+
+def edit_target(src: str, dst: Path, edit) -> str:  # type: ignore[no-untyped-def]
+    """A copy of the checkpoint dir ``src`` in ``dst`` with ``edit(state_dict)`` applied to its weights."""
+    shutil.copytree(src, dst, dirs_exist_ok=True)
+    w = load_file(str(dst / "model.safetensors"))
+    edit(w)
+    save_file(w, str(dst / "model.safetensors"), metadata={"format": "pt"})
+    return str(dst)

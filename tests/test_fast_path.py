@@ -168,7 +168,7 @@ def _llm(model: str, spec, padded: bool, slow: bool = False, **kw) -> LLM:
         **kw,
     )
     if slow:  # the same uniform path, verified on the host side (what every step did before the fast path)
-        llm.engine.runner._greedy_fast_ok = lambda items: False
+        llm.engine.runner._graph_sampling_ok = lambda items: False
     return llm
 
 

@@ -11,13 +11,9 @@ drafter right some of the time (two dominant tokens) or always (one dominant tok
 
 from __future__ import annotations
 
-import shutil
-from pathlib import Path
-
 import pytest
 import torch
-from drafters import make_dflash
-from safetensors.torch import load_file, save_file
+from drafters import edit_target, make_dflash
 
 from specserve import LLM, SamplingParams
 from specserve.engine.request import Request
@@ -41,25 +37,6 @@ def dflash_dir(tmp_path_factory) -> str:
     return make_dflash(tmp_path_factory.mktemp("fs_dflash"), 64, 4, VOCAB, layer_ids=[0, 2])
 
 
-def _edit_target(src: str, dst: Path, edit) -> str:  # type: ignore[no-untyped-def]
-    shutil.copytree(src, dst, dirs_exist_ok=True)
-    w = load_file(str(dst / "model.safetensors"))
-    edit(w)
-    save_file(w, str(dst / "model.safetensors"), metadata={"format": "pt"})
-    return str(dst)
-
-
-@pytest.fixture(scope="module")
-def often_dir(tiny_qwen3_dir, tmp_path_factory) -> str:
-    """Two LM-head rows scaled up: target and drafter mostly pick one of two tokens, so drafts are right about
-    half the time (every acceptance length shows up)."""
-
-    def edit(w):  # type: ignore[no-untyped-def]
-        w["lm_head.weight"][[101, 202]] *= 300
-
-    return _edit_target(tiny_qwen3_dir, tmp_path_factory.mktemp("fs_often"), edit)
-
-
 @pytest.fixture(scope="module")
 def always_dir(tiny_qwen3_dir, tmp_path_factory) -> str:
     """Every embedding has a large component 0 and one LM-head row reads only it: target and drafter (which
@@ -69,7 +46,7 @@ def always_dir(tiny_qwen3_dir, tmp_path_factory) -> str:
         w["model.embed_tokens.weight"][:, 0] += 30
         w["lm_head.weight"][101, 0] += 100
 
-    return _edit_target(tiny_qwen3_dir, tmp_path_factory.mktemp("fs_always"), edit)
+    return edit_target(tiny_qwen3_dir, tmp_path_factory.mktemp("fs_always"), edit)
 
 
 # ---------------------------------------------------------------------------------------------- helpers
@@ -106,7 +83,7 @@ def _record(llm: LLM) -> list:
         verify = (
             all(s.num_new_tokens == 1 and s.samples for s in items)
             and any(s.spec_token_ids for s in items)
-            and runner._greedy_fast_ok(items)
+            and runner._graph_sampling_ok(items)
         )
         out = execute(sched)
         res = {rid: (o.new_token_ids, o.num_draft, o.num_accepted) for rid, o in out.outputs.items()}
@@ -181,9 +158,9 @@ def _accepted(log: list, k: int) -> tuple[set[int], int, int]:
 @pytest.mark.parametrize("batch", [1, 3])
 @pytest.mark.parametrize("target", ["random", "often", "always"])
 def test_fused_step_equals_host_drafter_and_ragged(
-    target, batch, k, tiny_qwen3_dir, often_dir, always_dir, dflash_dir
+    target, batch, k, tiny_qwen3_dir, often_qwen3_dir, always_dir, dflash_dir
 ):
-    model = {"random": tiny_qwen3_dir, "often": often_dir, "always": always_dir}[target]
+    model = {"random": tiny_qwen3_dir, "often": often_qwen3_dir, "always": always_dir}[target]
     spec = _dflash(dflash_dir, k)
     sps = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in MAX_TOKENS[:batch]]
     _, log, toks = _lockstep(model, spec, PROMPTS[:batch], sps)
@@ -196,7 +173,7 @@ def test_fused_step_equals_host_drafter_and_ragged(
         assert 0 in accepted and len(accepted) >= 2
 
 
-def test_near_max_model_len_and_drafter_context_cap(always_dir, often_dir, dflash_dir, smol_tokenizer):
+def test_near_max_model_len_and_drafter_context_cap(always_dir, often_qwen3_dir, dflash_dir, smol_tokenizer):
     """Requests that run into max_model_len (max_tokens unset) and into the drafter's own context cap
     (speculative_config.max_model_len), next to requests that end on max_tokens."""
     sps = [
@@ -204,7 +181,7 @@ def test_near_max_model_len_and_drafter_context_cap(always_dir, often_dir, dflas
         SamplingParams(temperature=0, max_tokens=11, ignore_eos=True),
         SamplingParams(temperature=0, max_tokens=30, ignore_eos=True),
     ]
-    for model, extra in ((always_dir, {}), (often_dir, {"max_model_len": 36})):
+    for model, extra in ((always_dir, {}), (often_qwen3_dir, {"max_model_len": 36})):
         spec = _dflash(dflash_dir, 4, **extra)
         _, log, toks = _lockstep(model, spec, PROMPTS, sps, max_model_len=48)
         assert toks == _generate(_llm(model, spec, padded=False, max_model_len=48), PROMPTS, sps)
@@ -225,7 +202,7 @@ def _padding_always_matches(logits, ids, b, q):  # type: ignore[no-untyped-def]
     return packed
 
 
-def test_n_match_past_the_real_drafts_is_capped(often_dir, dflash_dir, monkeypatch):
+def test_n_match_past_the_real_drafts_is_capped(often_qwen3_dir, dflash_dir, monkeypatch):
     """Drafts cut by the step's token budget (max_num_batched_tokens: a request verifies fewer drafts than its
     own budget allows), by max_tokens and the drafter's cap, next to full ones, with padding that "matches":
     the fused step caps n_match at each request's num_draft for the context K/V and the bonus token too."""
@@ -233,14 +210,14 @@ def test_n_match_past_the_real_drafts_is_capped(often_dir, dflash_dir, monkeypat
     spec = _dflash(dflash_dir, 4, max_model_len=36)
     sps = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (28, 9, 17)]
     kw = {"max_model_len": 48, "max_num_batched_tokens": 12}
-    _, log, toks = _lockstep(often_dir, spec, PROMPTS, sps, **kw)
+    _, log, toks = _lockstep(often_qwen3_dir, spec, PROMPTS, sps, **kw)
     monkeypatch.undo()
-    assert toks == _generate(_llm(often_dir, spec, padded=False, **kw), PROMPTS, sps)
+    assert toks == _generate(_llm(often_qwen3_dir, spec, padded=False, **kw), PROMPTS, sps)
     _, shortened, no_draft = _accepted(log, 4)
     assert shortened > 0 and no_draft > 0
 
 
-def test_mixed_batches_keep_the_host_path(often_dir, dflash_dir):
+def test_mixed_batches_keep_the_host_path(often_qwen3_dir, dflash_dir):
     """A sampled request or one asking for logprobs keeps the host path while it runs; the greedy ones fuse
     again once it is done; outputs and drafter caches stay those of the fused-off engine."""
     greedy = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
@@ -248,7 +225,7 @@ def test_mixed_batches_keep_the_host_path(often_dir, dflash_dir):
         SamplingParams(temperature=0.8, seed=3, max_tokens=6, ignore_eos=True),
         SamplingParams(temperature=0, max_tokens=5, logprobs=1, ignore_eos=True),
     ):
-        fused, log, _ = _lockstep(often_dir, _dflash(dflash_dir, 4), PROMPTS, [greedy, special, greedy])
+        fused, log, _ = _lockstep(often_qwen3_dir, _dflash(dflash_dir, 4), PROMPTS, [greedy, special, greedy])
         assert any(e[4] is False and "1" in e[0] and len(e[0]) == 3 for e in log)
 
 

@@ -10,13 +10,9 @@ seeded and logprobs requests keep the host path.
 
 from __future__ import annotations
 
-import shutil
-from pathlib import Path
-
 import pytest
 import torch
 from drafters import make_dflash
-from safetensors.torch import load_file, save_file
 from stats import chi2_pvalue
 
 import specserve.spec.rejection as rejection_mod
@@ -199,24 +195,6 @@ def test_padding_drafts_are_never_accepted(num_draft):
 
 
 # ---------------------------------------------------------------------------------------------- engine
-def _edit_target(src: str, dst: Path, edit) -> str:  # type: ignore[no-untyped-def]
-    shutil.copytree(src, dst, dirs_exist_ok=True)
-    w = load_file(str(dst / "model.safetensors"))
-    edit(w)
-    save_file(w, str(dst / "model.safetensors"), metadata={"format": "pt"})
-    return str(dst)
-
-
-@pytest.fixture(scope="module")
-def often_dir(tiny_qwen3_dir, tmp_path_factory) -> str:
-    """Two LM-head rows scaled up: most probability on two tokens, so sampled drafts get accepted often."""
-
-    def edit(w):  # type: ignore[no-untyped-def]
-        w["lm_head.weight"][[101, 202]] *= 300
-
-    return _edit_target(tiny_qwen3_dir, tmp_path_factory.mktemp("gs_often"), edit)
-
-
 @pytest.fixture(scope="module")
 def dflash_dir(tmp_path_factory) -> str:
     return make_dflash(tmp_path_factory.mktemp("gs_dflash"), 64, 4, VOCAB, layer_ids=[0, 2])
@@ -269,7 +247,7 @@ def _check_spec_metrics(llm: LLM) -> None:
 
 
 @pytest.mark.parametrize("method", ["plain", "ngram", "dflash"])
-def test_engine_samples_in_the_graphs(method, often_dir, dflash_dir):
+def test_engine_samples_in_the_graphs(method, often_qwen3_dir, dflash_dir):
     spec = _spec(method, dflash_dir)
     max_tokens = [14, 9, 12]
     greedy = [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True) for m in max_tokens]
@@ -277,9 +255,9 @@ def test_engine_samples_in_the_graphs(method, often_dir, dflash_dir):
         2:
     ]
     mixed[1].top_k, mixed[1].top_p = 20, 0.9
-    base = [o.outputs[0].token_ids for o in _llm(often_dir, spec).generate(PROMPTS, greedy)]
+    base = [o.outputs[0].token_ids for o in _llm(often_qwen3_dir, spec).generate(PROMPTS, greedy)]
     torch.manual_seed(0)
-    llm = _llm(often_dir, spec)
+    llm = _llm(often_qwen3_dir, spec)
     log = _record(llm)
     outs = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, mixed)]
     runner = llm.engine.runner
@@ -301,7 +279,7 @@ def test_engine_samples_in_the_graphs(method, often_dir, dflash_dir):
 
 
 @pytest.mark.parametrize("method", ["ngram", "dflash"])
-def test_seeded_and_logprobs_requests_keep_the_host_path(method, often_dir, dflash_dir):
+def test_seeded_and_logprobs_requests_keep_the_host_path(method, often_qwen3_dir, dflash_dir):
     spec = _spec(method, dflash_dir)
     sps = [
         SamplingParams(temperature=0.8, seed=11, max_tokens=6, ignore_eos=True),
@@ -311,7 +289,7 @@ def test_seeded_and_logprobs_requests_keep_the_host_path(method, often_dir, dfla
     results = []
     for global_seed in (0, 1):
         torch.manual_seed(global_seed)  # the in-graph draws; the seeded request must not depend on them
-        llm = _llm(often_dir, spec)
+        llm = _llm(often_qwen3_dir, spec)
         log = _record(llm)
         outs = llm.generate(PROMPTS, sps)
         for _, host, took, uniform in log:

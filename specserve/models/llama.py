@@ -69,11 +69,7 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         q, k, v = self.project_qkv(x, positions)
         backend.store(k, v, cache[0], cache[1], meta.slot_mapping)
-        causal = self.causal and meta.causal
-        o = backend.attend(
-            q, cache[0], cache[1], meta, causal=causal, sliding_window=self.sliding_window, scale=self.scale
-        )
-        return self.o_proj(o.reshape(-1, self.q_size))
+        return self._attend_out(q, meta, cache, backend)
 
     def forward_fused(
         self,
@@ -102,6 +98,12 @@ class Attention(nn.Module):
             self.num_kv_heads,
             self.head_dim,
         )
+        return self._attend_out(q, meta, cache, backend)
+
+    def _attend_out(
+        self, q: torch.Tensor, meta: AttnMetadata, cache: KVCache, backend: AttentionBackend
+    ) -> torch.Tensor:
+        """Attention over the paged cache (K/V already stored), then the output projection."""
         causal = self.causal and meta.causal
         o = backend.attend(
             q, cache[0], cache[1], meta, causal=causal, sliding_window=self.sliding_window, scale=self.scale

@@ -397,25 +397,11 @@ class ModelRunner:
         return min(remaining_len, remaining_out)
 
     @staticmethod
-    def _greedy_fast_ok(items: list) -> bool:  # type: ignore[type-arg]
-        """True when the graph's argmax/acceptance is the whole answer: every request greedy, no logprobs, and
-        nothing that edits logits (min_tokens still masking stop tokens; see _mask_min_tokens)."""
-        for s in items:
-            p = s.req.params
-            if not p.greedy or p.logprobs is not None:
-                return False
-            if p.min_tokens and p._all_stop_token_ids and s.req.num_output_tokens < p.min_tokens:
-                return False
-        return True
-
-    def _graph_sampling_ok(self, items: list) -> bool:  # type: ignore[type-arg]
-        """True when the graphs answer the step: _greedy_fast_ok, or some request samples and every request is
-        greedy or random without a seed (a seeded request's stream must not depend on its batch: host path),
-        with no logprobs and no min_tokens masking.  Mixed greedy + random batches are eligible."""
-        if self._greedy_fast_ok(items):
-            return True
-        if all(s.req.params.greedy for s in items):
-            return False  # the greedy check said no (logprobs, min_tokens)
+    def _graph_sampling_ok(items: list) -> bool:  # type: ignore[type-arg]
+        """True when the graphs' argmax / random sampling and acceptance are the whole answer: every request is
+        greedy or random without a seed (a seeded request's stream must not depend on its batch: host path), no
+        logprobs, and nothing edits logits (min_tokens still masking stop tokens; see _mask_min_tokens). Mixed
+        greedy + random batches are eligible."""
         for s in items:
             p = s.req.params
             if p.logprobs is not None or (p.seed is not None and not p.greedy):
@@ -424,8 +410,8 @@ class ModelRunner:
                 return False
         return True
 
-    def _fetch_greedy(self, packed: torch.Tensor, n: int) -> list[list[int]]:
-        """The step's one device-to-host copy: rows [:n] of greedy_verify's output (+ the fused step's drafts),
+    def _fetch_packed(self, packed: torch.Tensor, n: int) -> list[list[int]]:
+        """The step's one device-to-host copy: rows [:n] of the packed verify output (+ the fused step's drafts),
         as Python lists."""
         src = packed[:n]
         if self._d2h_done is None:
@@ -553,7 +539,7 @@ class ModelRunner:
                 self.num_fused_steps += 1
                 t_mid = self._mark()
                 packed = self.proposer.run_fused_step(features, packed)
-            host = self._fetch_greedy(packed, len(items))
+            host = self._fetch_packed(packed, len(items))
             fused_drafts: dict[str, list[int]] = {}
             for i, s in enumerate(items):
                 nd = len(s.spec_token_ids)
