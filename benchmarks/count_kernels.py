@@ -19,6 +19,8 @@ from specserve.layers.attention import AttnMetadata, TritonAttentionBackend
 from specserve.models.llama import DecoderLM
 from specserve.runner.model_runner import init_dummy_weights
 
+DEV = "cuda" if torch.cuda.is_available() else "cpu"  # CPU: the values check only (TRITON_INTERPRET=1)
+
 
 def smollm2(qwen3: bool) -> ModelConfig:
     return ModelConfig(
@@ -46,7 +48,7 @@ def build(cfg: ModelConfig, layers: int, dtype: torch.dtype, fused: bool, blocks
     prev = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
-        with torch.device("cuda"):
+        with torch.device(DEV):
             model = DecoderLM(cfg, max_position=4096)
     finally:
         torch.set_default_dtype(prev)
@@ -57,7 +59,7 @@ def build(cfg: ModelConfig, layers: int, dtype: torch.dtype, fused: bool, blocks
     model.backend = backend
     shape = (blocks, 16, cfg.num_key_value_heads, cfg.head_dim)
     model.kv_caches = [
-        (torch.zeros(shape, dtype=dtype, device="cuda"), torch.zeros(shape, dtype=dtype, device="cuda"))
+        (torch.zeros(shape, dtype=dtype, device=DEV), torch.zeros(shape, dtype=dtype, device=DEV))
         for _ in range(layers)
     ]
     return model
@@ -66,7 +68,7 @@ def build(cfg: ModelConfig, layers: int, dtype: torch.dtype, fused: bool, blocks
 def decode_inputs(batch: int, context: int) -> tuple[torch.Tensor, torch.Tensor, AttnMetadata, int]:
     """``batch`` requests decoding their token at position ``context`` (KV for 0..context in the cache)."""
     per = context // 16 + 1
-    dev = "cuda"
+    dev = DEV
     pos = torch.full((batch,), context, dtype=torch.long, device=dev)
     tables = torch.arange(batch * per, dtype=torch.int32, device=dev).view(batch, per)
     slots = tables[:, context // 16].long() * 16 + context % 16
@@ -116,7 +118,7 @@ def main() -> int:
     dtype = getattr(torch, args.dtype)
     ids, pos, meta, blocks = decode_inputs(args.batch, args.context)
     report: dict[str, object] = {"model": cfg.architecture, "batch": args.batch, "context": args.context}
-    for name, fused in (("unfused", False), ("fused", True)):
+    for name, fused in (("unfused", False), ("fused", True)) if DEV == "cuda" else ():
         n = args.layers
         small = kernels(build(cfg, n, dtype, fused, blocks), ids, pos, meta)
         big = kernels(build(cfg, 2 * n, dtype, fused, blocks), ids, pos, meta)
@@ -127,6 +129,53 @@ def main() -> int:
             "per_layer_by_name": dict(sorted(per_layer.items(), key=lambda kv: -kv[1])),
         }
         print(f"{name}: {sum(per_layer.values()):.1f} kernels per layer", flush=True)
+    # values: the same weights (init_dummy_weights is seeded) through both paths, a multi-token prefill then a
+    # decode step, so the fused K/V store is read back by the next step's attention
+    with torch.inference_mode():
+        outs = {}
+        for name, fused in (("unfused", False), ("fused", True)):
+            model = build(cfg, args.layers, dtype, fused, blocks)
+            seq = args.context + 1
+            pre_ids = torch.randint(0, cfg.vocab_size, (seq,), generator=torch.Generator().manual_seed(0))
+            pre_meta = AttnMetadata(
+                query_start_loc=torch.tensor([0, seq - 1], dtype=torch.int32, device=DEV),
+                seq_lens=torch.tensor([seq - 1], dtype=torch.int32, device=DEV),
+                block_tables=meta.block_tables[:1],
+                slot_mapping=torch.arange(seq - 1, device=DEV),
+                max_query_len=seq - 1,
+                max_seq_len=seq - 1,
+            )
+            model(pre_ids[:-1].to(DEV), torch.arange(seq - 1, device=DEV), pre_meta)
+            h = model(
+                pre_ids[-1:].to(DEV),
+                pos[:1],
+                dataclasses.replace(
+                    meta,
+                    query_start_loc=meta.query_start_loc[:2],
+                    seq_lens=meta.seq_lens[:1],
+                    block_tables=meta.block_tables[:1],
+                    slot_mapping=meta.slot_mapping[:1],
+                ),
+            )
+            h = h[0] if isinstance(h, tuple) else h
+            outs[name] = (
+                h.float(),
+                model.compute_logits(h).float().argmax(-1),
+                model.kv_caches[0][0].float(),
+            )
+        (hu, au, ku), (hf, af, kf) = outs["unfused"], outs["fused"]
+        rel = float((hu - hf).abs().max() / hu.abs().max().clamp_min(1e-6))
+        kv = float((ku - kf).abs().max())
+        report["values"] = {
+            "hidden_max_rel_diff": rel,
+            "kv_max_abs_diff": kv,
+            "argmax_equal": bool((au == af).all()),
+        }
+        print(
+            f"fused vs unfused values: hidden max rel diff {rel:.2e}, KV max abs diff {kv:.2e}, "
+            f"argmax equal {bool((au == af).all())}",
+            flush=True,
+        )
     print(json.dumps(report, indent=1))
     return 0
 
