@@ -132,6 +132,9 @@ class LLM:
 
             bar = tqdm(total=len(ids), desc="Processed prompts", dynamic_ncols=True)
         wanted = set(ids)
+        # only finished outputs are used here: skip building every step's cumulative snapshots
+        final_only = self.engine.final_outputs_only
+        self.engine.final_outputs_only = True
         try:
             while len(results) < len(ids) and self.engine.has_unfinished_requests():
                 for out in self.engine.step():
@@ -140,6 +143,7 @@ class LLM:
                         if bar is not None:
                             bar.update(1)
         finally:
+            self.engine.final_outputs_only = final_only
             if bar is not None:
                 bar.close()
         return [results[i] for i in ids]

@@ -309,10 +309,11 @@ def test_smollm2_gguf_answers_paris():
 
 
 def test_incremental_detokenization_matches_full_decode(smol_tokenizer):
-    from specserve.engine.engine import LLMEngine
+    from specserve.engine.engine import LLMEngine, fast_decoder
 
     class _Eng:
         tokenizer = smol_tokenizer
+        _decode = staticmethod(fast_decoder(smol_tokenizer))
 
     text = "Héllo wörld — ünïcödé 日本語のテキスト 🙂🚀\n```python\ndef f(x):\n    return x**2\n```<|im_end|> tail"
     ids = smol_tokenizer(text).input_ids

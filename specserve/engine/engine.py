@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,6 +64,40 @@ def spec_log_line(cur: SpecStats, prev: SpecStats, elapsed: float, k: int) -> st
     )
 
 
+def fast_decoder(tokenizer: Any) -> Callable[[list[int], bool], str]:
+    """``decode(ids, skip_special_tokens)`` answering exactly what ``tokenizer.decode`` does.
+
+    For a transformers fast tokenizer (the ``tokenizers`` backend, decode/_decode not overridden) without
+    ``clean_up_tokenization_spaces``, ``tokenizer.decode`` is the backend's ``Tokenizer.decode`` plus argument
+    conversions that cost several times the decode itself on short inputs (the detokenizer decodes twice per
+    token): call the backend directly. Anything else: the tokenizer's own decode."""
+    try:
+        from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+        from transformers.tokenization_utils_tokenizers import TokenizersBackend
+    except ImportError:  # pragma: no cover - older transformers
+        TokenizersBackend = None  # type: ignore[assignment,misc]
+    backend = getattr(tokenizer, "_tokenizer", None)
+    if (
+        TokenizersBackend is not None
+        and isinstance(tokenizer, TokenizersBackend)
+        and type(tokenizer).decode is PreTrainedTokenizerBase.decode
+        and type(tokenizer)._decode is TokenizersBackend._decode
+        and getattr(tokenizer, "clean_up_tokenization_spaces", True) is False
+        and callable(getattr(backend, "decode", None))
+    ):
+        raw = backend.decode
+
+        def decode(ids: list[int], skip: bool) -> str:
+            return raw(ids, skip_special_tokens=skip)  # type: ignore[no-any-return]
+
+        return decode
+
+    def slow_decode(ids: list[int], skip: bool) -> str:
+        return tokenizer.decode(ids, skip_special_tokens=skip)  # type: ignore[no-any-return]
+
+    return slow_decode
+
+
 @dataclass
 class _Parent:
     request_id: str
@@ -90,6 +125,7 @@ class LLMEngine:
         self.checkpoint = ckpt
         self.model_path = ckpt.path if not ckpt.gguf_file else f"{ckpt.path}/{ckpt.gguf_file}"
         self.tokenizer = load_tokenizer(config.tokenizer or ckpt, trust_remote_code=config.trust_remote_code)
+        self._decode = fast_decoder(self.tokenizer)
         self.model_config = mc = ModelConfig.from_hf(ckpt.hf_config)
         max_len = config.max_model_len or mc.max_position_embeddings
         if config.max_model_len and config.max_model_len > mc.max_position_embeddings:
@@ -127,6 +163,8 @@ class LLMEngine:
         self.parents: dict[str, _Parent] = {}
         self.requests: dict[str, Request] = {}
         self.counter = itertools.count()
+        # True: step() returns outputs only for finished requests (LLM.generate: no per-step snapshots to build)
+        self.final_outputs_only = False
         # metrics
         self.spec_stats = SpecStats()
         self.prompt_tokens_total = 0
@@ -353,10 +391,11 @@ class LLMEngine:
 
     def _record_logprob(self, req: Request, tok: int, lp: tuple[float, int, list[int], list[float]]) -> None:
         chosen, rank, top_ids, top_lps = lp
-        d: dict[int, Logprob] = {tok: Logprob(chosen, rank, self.tokenizer.decode([tok]))}
+        dec = self._decode
+        d: dict[int, Logprob] = {tok: Logprob(chosen, rank, dec([tok], False))}
         for tid, tl in zip(top_ids, top_lps):
             if tid not in d:
-                d[tid] = Logprob(tl, len(d) if tid != tok else rank, self.tokenizer.decode([tid]))
+                d[tid] = Logprob(tl, len(d) if tid != tok else rank, dec([tid], False))
         for r, tid in enumerate(top_ids):
             if tid in d and tid != tok:
                 d[tid].rank = r + 1
@@ -370,10 +409,8 @@ class LLMEngine:
         p = req.params
         ids = req.token_ids
         skip = p.skip_special_tokens
-        prefix_text = self.tokenizer.decode(
-            ids[req.prefix_offset : req.read_offset], skip_special_tokens=skip
-        )
-        new_text = self.tokenizer.decode(ids[req.prefix_offset :], skip_special_tokens=skip)
+        prefix_text = self._decode(ids[req.prefix_offset : req.read_offset], skip)
+        new_text = self._decode(ids[req.prefix_offset :], skip)
         prev_len = len(req.output_text)
         if len(new_text) > len(prefix_text) and not new_text.endswith("\ufffd"):
             req.output_text += new_text[len(prefix_text) :]
@@ -396,11 +433,14 @@ class LLMEngine:
 
     def _outputs_for(self, parent_ids: set[str]) -> list[RequestOutput]:
         outs = []
+        final_only = self.final_outputs_only
         for pid in parent_ids:
             parent = self.parents.get(pid)
             if parent is None:
                 continue
             finished = all(c.is_finished for c in parent.children)
+            if final_only and not finished:
+                continue
             outs.append(self.make_output(parent, finished))
             if finished:
                 self.parents.pop(pid, None)
@@ -415,7 +455,7 @@ class LLMEngine:
                 CompletionOutput(
                     index=c.index,
                     text=c.output_text,
-                    token_ids=list(c.output_token_ids),
+                    token_ids=c.token_ids[c.num_prompt_tokens :],
                     cumulative_logprob=c.cumulative_logprob if c.params.logprobs is not None else None,
                     logprobs=list(c.output_logprobs) if c.params.logprobs is not None else None,
                     finish_reason=c.finish_reason,

@@ -87,9 +87,11 @@ class Scheduler:
             req = self.running[i]
             n = req.num_tokens - req.num_computed_tokens
             spec = req.spec_token_ids if n == 1 else []
-            n = min(n, budget)
-            spec = spec[: max(0, budget - n)]
-            while not self.bm.allocate(req, self._slots_needed(req, n + len(spec))):
+            if n > budget:
+                n = budget
+            if len(spec) > budget - n:
+                spec = spec[: max(0, budget - n)]
+            while not self.bm.allocate(req, req.num_computed_tokens + n + len(spec) + self.lookahead):
                 victim = self.running.pop()
                 self._preempt(victim)
                 preempted.append(victim)
@@ -97,7 +99,7 @@ class Scheduler:
                     break
             else:
                 req.spec_token_ids = spec
-                scheduled.append(ScheduledRequest(req, n, list(spec)))
+                scheduled.append(ScheduledRequest(req, n, list(spec) if spec else []))
                 budget -= n + len(spec)
                 i += 1
                 continue

@@ -145,7 +145,7 @@ class PaddedBatch:
         self._dev_views: dict[int, BucketViews] = {}
         self._host_views: dict[int, tuple[np.ndarray, ...]] = {}
         self._zeros = [0] * q
-        self._cols = np.arange(q)
+        self._neg = [-1] * q
 
     def _nbytes(self, b: int, rows: int) -> int:
         """Bytes of bucket b's layout up to the end of the first ``rows`` block-table rows."""
@@ -226,7 +226,6 @@ class PaddedBatch:
         if self._copied is not None:
             self._copied.synchronize()  # the previous copy has read the staging buffer
         ids, pos, slots, seq, bt, aux_np, faux_np = self._staging(b)
-        cols = self._cols
         # the whole row is -1 past each table: no stale block id of an earlier batch survives
         bt[:n] = -1
         if self.num_aux:
@@ -237,31 +236,36 @@ class PaddedBatch:
             faux_np[:] = 0
             if faux is not None and n:
                 faux_np[:n] = faux
-        # per request: list concatenation and one numpy row write; then a few vectorized writes
+        # plain Python over the (few) real requests, then one numpy write per buffer: at decode batch sizes this
+        # is several times cheaper than vectorized numpy (whose per-call overhead dominates small arrays)
         ids_l: list[int] = []
-        zeros = self._zeros
-        for j, (toks, _, table) in enumerate(rows):
-            ids_l += toks
-            ids_l += zeros[len(toks) :]
-            bt[j, : len(table)] = table
-        ids.reshape(-1)[: n * q] = ids_l
-        ids[n:] = 0
-        pos[n:] = 0
-        slots[n:] = -1
-        seq[n:] = 0
-        if n:
-            lens = np.array([len(r[2]) for r in rows])
-            first = np.array([r[1] for r in rows])
-            num = np.array([len(r[0]) for r in rows])
-            if np.any((first + num - 1) // block_size >= lens):
+        pos_l: list[int] = []
+        slots_l: list[int] = []
+        seq_l: list[int] = []
+        zeros, neg = self._zeros, self._neg
+        for j, (toks, first, table) in enumerate(rows):
+            nt = len(toks)
+            if (first + nt - 1) // block_size >= len(table):
                 raise ValueError("a block table does not cover its request's tokens")
-            p = first[:, None] + cols
-            pos[:n] = p
-            # table index of each position, clamped for the padding rows (their slot is -1 anyway)
-            blk = np.minimum(p // block_size, np.maximum(lens - 1, 0)[:, None])
-            slot = bt[np.arange(n)[:, None], blk].astype(np.int64) * block_size + p % block_size
-            slots[:n] = np.where(cols < num[:, None], slot, -1)
-            seq[:n] = first + q
+            ids_l += toks
+            ids_l += zeros[nt:]
+            pos_l += range(first, first + q)
+            for p in range(first, first + nt):
+                slots_l.append(table[p // block_size] * block_size + p % block_size)
+            slots_l += neg[nt:]
+            seq_l.append(first + q)
+            if table:
+                bt[j, : len(table)] = table
+        pad = (b - n) * q
+        if pad:
+            ids_l += [0] * pad
+            pos_l += [0] * pad
+            slots_l += [-1] * pad
+            seq_l += [0] * (b - n)
+        ids.reshape(-1)[:] = ids_l
+        pos.reshape(-1)[:] = pos_l
+        slots.reshape(-1)[:] = slots_l
+        seq[:] = seq_l
         self._upload(b, n)
 
     def _upload(self, b: int, n: int) -> None:
