@@ -536,9 +536,11 @@ class ModelRunner:
 
     # ------------------------------------------------------------------ async decode (see LLMEngine.step)
     def can_launch_async(self, items: list) -> bool:  # type: ignore[type-arg]
-        """A plain decode step (1 token per request, no drafts, no drafter to feed) that the graphs answer alone."""
+        """A plain decode step (1 token per request, no drafts, no drafter to feed) that the graphs answer alone.
+        Not while profiling: the per-step device timings need synchronous steps."""
         return (
             self.async_scheduling
+            and not self.profile
             and 0 < len(items) <= self.config.max_num_seqs
             and all(s.num_new_tokens == 1 and not s.spec_token_ids for s in items)
             and self._graph_sampling_ok(items)
