@@ -239,6 +239,9 @@ class EngineConfig:
     load_format: str = "auto"  # auto | dummy (random weights from config.json, as vLLM's --load-format dummy)
     # decode/verify steps padded to static shapes (what CUDA graphs replay); None = on with CUDA graphs
     padded_decode: bool | None = None
+    # plain decode steps: schedule and fill step N+1 while step N runs (vLLM's --async-scheduling); None = on with
+    # CUDA graphs, True = wherever the padded path runs (CPU tests), False = off
+    async_scheduling: bool | None = None
 
     def __post_init__(self) -> None:
         if self.dtype not in (

@@ -35,6 +35,7 @@ class LLM:
         disable_log_stats: bool = True,
         attention_backend: str = "auto",
         padded_decode: bool | None = None,
+        async_scheduling: bool | None = None,
         load_format: str = "auto",
         **kwargs: Any,
     ) -> None:
@@ -60,6 +61,7 @@ class LLM:
             disable_log_stats=disable_log_stats,
             attention_backend=attention_backend,
             padded_decode=padded_decode,
+            async_scheduling=async_scheduling,
             load_format=load_format,
         )
         self.engine = LLMEngine(self.config)

@@ -93,7 +93,8 @@ class BlockManager:
             return
         bs = self.block_size
         hashes = self.req_hashes.setdefault(req.request_id, [])
-        num_full = min(req.num_computed_tokens // bs, len(req.block_table))
+        # never past the known tokens: with async scheduling a computed position may hold a token not yet seen
+        num_full = min(min(req.num_computed_tokens, req.num_tokens) // bs, len(req.block_table))
         prev = hashes[-1] if hashes else None
         for i in range(len(hashes), num_full):
             tokens = tuple(req.token_ids[i * bs : (i + 1) * bs])

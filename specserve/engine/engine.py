@@ -7,15 +7,18 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from specserve.config import EngineConfig, ModelConfig
 from specserve.engine.block_manager import BlockManager
 from specserve.engine.request import Request, RequestStatus
-from specserve.engine.scheduler import Scheduler
+from specserve.engine.scheduler import ScheduledRequest, Scheduler, SchedulerOutput
 from specserve.errors import RequestValidationError
 from specserve.outputs import CompletionOutput, Logprob, RequestOutput
 from specserve.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from specserve.runner.model_runner import InflightDecode
 
 logger = logging.getLogger("specserve")
 
@@ -165,6 +168,7 @@ class LLMEngine:
         self.counter = itertools.count()
         # True: step() returns outputs only for finished requests (LLM.generate: no per-step snapshots to build)
         self.final_outputs_only = False
+        self._inflight: InflightDecode | None = None  # async scheduling: the decode step on the device
         # metrics
         self.spec_stats = SpecStats()
         self.prompt_tokens_total = 0
@@ -319,11 +323,84 @@ class LLMEngine:
             self.requests.pop(req.request_id, None)
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished()
+        return self.scheduler.has_unfinished() or self._inflight is not None
 
     # ------------------------------------------------------------------ the step
     def step(self) -> list[RequestOutput]:
-        sched = self.scheduler.schedule()
+        """Run one step and return its outputs.
+
+        Async scheduling (plain decode on the in-graph path, see ModelRunner.launch_decode): step N is launched
+        without waiting; step N+1 is scheduled assuming each request gets one token from N, and launched with its
+        input tokens gathered on the device from N's output; only then does the host wait for N and process its
+        tokens, so this host work overlaps N+1 on the device. Each call still returns one step's outputs, in the
+        order the synchronous engine would. Anything else (prefill, admissions, speculation, seeded / logprobs
+        requests, running out of blocks) drains the pipeline and runs synchronously.
+        """
+        if self._inflight is None:
+            sched = self.scheduler.schedule()
+            items = sched.scheduled
+            if not (all(s.samples for s in items) and self.runner.can_launch_async(items)):
+                return self._step_sync(sched)
+            self._inflight = self._launch(items, None)
+        step = self._inflight
+        nxt = self._schedule_next(step)
+        self._inflight = self._launch(nxt, step) if nxt else None
+        return self._collect(step)
+
+    def _launch(self, items: list[ScheduledRequest], prev: InflightDecode | None) -> InflightDecode:
+        step = self.runner.launch_decode(items, prev)
+        for s in items:  # the input token's KV is being written; its output token is not known yet
+            s.req.num_computed_tokens += 1
+        return step
+
+    def _schedule_next(self, step: InflightDecode) -> list[ScheduledRequest] | None:
+        """Step N+1 while N is in flight, or None (drain): every running request was in N and decodes again,
+        nobody waits for admission, and each one's KV slot for N's token (the position after it) is allocated
+        now (N+1 writes it). Requests that N's token finishes by length are left out (known on the host)."""
+        sch = self.scheduler
+        if sch.waiting and len(sch.running) < sch.max_num_seqs:
+            return None
+        in_step = {id(s.req) for s in step.items}
+        if len(sch.running) > sch.max_num_batched_tokens or any(id(r) not in in_step for r in sch.running):
+            return None
+        reqs = [
+            r
+            for r in sch.running
+            if r.num_output_tokens + 1 < r.max_tokens and r.num_tokens + 1 < self.max_model_len
+        ]
+        items = [ScheduledRequest(r, 1, []) for r in reqs]
+        if not self.runner.can_launch_async(items):
+            return None
+        for r in reqs:  # no preemption here: when blocks run out, the synchronous step handles it
+            if not self.block_manager.allocate(r, r.num_computed_tokens + 1 + sch.lookahead):
+                return None
+        return items
+
+    def _collect(self, step: InflightDecode) -> list[RequestOutput]:
+        """Wait for a launched decode step and process its tokens as the synchronous step does. A request that
+        finished (or was aborted) after this step was launched gets nothing: its token is discarded."""
+        tokens = self.runner.collect_decode(step)
+        touched: set[str] = set()
+        now = time.monotonic()
+        for s, tok in zip(step.items, tokens):
+            req = s.req
+            if req.is_finished:
+                continue
+            if req.first_token_time is None:
+                req.first_token_time = now
+                self.prompt_tokens_total += req.num_prompt_tokens
+            self._append_tokens(req, [tok], None)
+            touched.add(req.parent_id or req.request_id)
+            if req.is_finished:
+                # blocks freed after the next step (which may write one of them) was enqueued: stream-ordered
+                self.scheduler.finish(req, req.status)
+                self.request_success[req.status.value] = self.request_success.get(req.status.value, 0) + 1
+            else:
+                self.block_manager.cache_full_blocks(req)
+        self._maybe_log()
+        return self._outputs_for(touched)
+
+    def _step_sync(self, sched: SchedulerOutput) -> list[RequestOutput]:
         if not sched.scheduled:
             if self.scheduler.waiting and not self.scheduler.running:
                 # nothing fits even alone (should have been rejected at add time): fail the head request

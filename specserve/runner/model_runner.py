@@ -40,6 +40,17 @@ class StepOutput:
     drafts: dict[str, list[int]]
 
 
+@dataclass
+class InflightDecode:
+    """A launched async decode step: its requests, the device output the next step reads its input tokens from
+    (packed [b, 2]: token, n_match), the host rows it is being copied to, and the event that marks the copy."""
+
+    items: list[Any]
+    packed: torch.Tensor
+    host: torch.Tensor
+    done: Any
+
+
 @torch.no_grad()
 def init_dummy_weights(model: torch.nn.Module, seed: int = 0, std: float = 0.02) -> None:
     """Random weights (``load_format="dummy"``): normal(0, std) matrices, unit norms."""
@@ -133,7 +144,9 @@ class ModelRunner:
         self.num_fast_steps = 0  # steps answered by the in-graph verify / sampling (tests, benchmarks)
         self.num_sampling_steps = 0  # of those, steps with random (temperature > 0) requests (tests)
         self.num_fused_steps = 0  # of those, steps whose drafter ran on the device too (tests, benchmarks)
+        self.num_async_steps = 0  # decode steps launched while the previous one was still in flight (tests)
         self.use_fused_step = False  # set up with the uniform path (_setup_uniform_path)
+        self.async_scheduling = False  # likewise
         self.profile = False  # benchmarks: per step (target+verify ms, drafter ms, batch) in self.timings
         self.timings: list[tuple[float, float, int]] = []
 
@@ -280,6 +293,7 @@ class ModelRunner:
         # --enforce-eager keeps the padded path (same kernels, same shapes as the graphs) and only skips capture
         padded = cfg.padded_decode if cfg.padded_decode is not None else (self.device.type == "cuda")
         self.use_padded = padded
+        self.async_scheduling = False
         if not padded:
             return
         capture = self.device.type == "cuda" and not cfg.enforce_eager
@@ -321,6 +335,13 @@ class ModelRunner:
         widths = {2, k + 2} | ({2 * k + 2} if self.use_fused_step else set())
         for w in widths:
             self._greedy_host[w] = torch.zeros((max_b, w), dtype=torch.int64, pin_memory=dev.type == "cuda")
+        # async decode: two steps in flight at most, so two pinned landing buffers (+ events) used alternately
+        self.async_scheduling = cfg.async_scheduling if cfg.async_scheduling is not None else capture
+        self.async_scheduling = self.async_scheduling and self.proposer is None
+        cuda = dev.type == "cuda"
+        self._async_host = [torch.zeros((max_b, 2), dtype=torch.int64, pin_memory=cuda) for _ in range(2)]
+        self._async_events = [torch.cuda.Event() if cuda else None for _ in range(2)]
+        self._async_flip = 0
 
     def _sampling_graphs(self, q: int, capture: bool, pool: Any) -> BucketedGraphs:
         """Random sampling + acceptance of a uniform step as a second graph per bucket, replayed right after the
@@ -366,8 +387,11 @@ class ModelRunner:
         items: list,  # type: ignore[type-arg]
         q: int,
         with_params: bool = False,
+        feed: tuple[torch.Tensor, list[int]] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
         """Pad every request to q tokens (drafts padded with token 0, no KV write) and replay the bucket.
+        ``feed`` (async decode, q == 1): (previous step's packed output, row of each request in it): the input
+        tokens are copied from there on the device instead of coming from the host.
 
         Returns (float logits [b*q, V], tap features or None, greedy_verify's packed [b, q+1] int64).
         ``with_params``: also put each request's (num_draft, draft budget, top_k) and (temperature, top_p,
@@ -375,7 +399,11 @@ class ModelRunner:
         """
         graphs = self.graphs[q]
         b = graphs.bucket(len(items))
-        rows = [([s.req.token_ids[s.start]] + s.spec_token_ids, s.start, s.req.block_table) for s in items]
+        # an async step's input tokens are still on the device (feed): placeholder 0 here, gathered below
+        rows = [
+            ([s.req.token_ids[s.start] if feed is None else 0] + s.spec_token_ids, s.start, s.req.block_table)
+            for s in items
+        ]
         aux: list[list[int]] | None = None
         faux: list[list[float]] | None = None
         if with_params:
@@ -385,6 +413,15 @@ class ModelRunner:
                 aux.append([len(s.spec_token_ids), self._draft_budget(s.req, 1), top_k])
                 faux.append([temp, top_p, min_p])
         self.padded[q].fill(b, rows, self.block_size, aux, faux)
+        if feed is not None:
+            # stream-ordered after the previous step's graph and this step's upload, before this replay
+            src, idx = feed
+            ids = self.padded[q].views(b).ids
+            if idx == list(range(len(items))):
+                ids[: len(items)].copy_(src[: len(items), 0])
+            else:
+                pinned = torch.tensor(idx, dtype=torch.int64, pin_memory=self.device.type == "cuda")
+                ids[: len(items)].copy_(src[:, 0].index_select(0, pinned.to(self.device, non_blocking=True)))
         return graphs.run(b)
 
     def _draft_budget(self, req, num_new: int) -> int:  # type: ignore[no-untyped-def]
@@ -496,6 +533,50 @@ class ModelRunner:
                     if s.req.num_output_tokens + j < p.min_tokens:
                         logits[row + j, ids] = float("-inf")
             row += n
+
+    # ------------------------------------------------------------------ async decode (see LLMEngine.step)
+    def can_launch_async(self, items: list) -> bool:  # type: ignore[type-arg]
+        """A plain decode step (1 token per request, no drafts, no drafter to feed) that the graphs answer alone.
+        Not while profiling: the per-step device timings need synchronous steps."""
+        return (
+            self.async_scheduling
+            and not self.profile
+            and 0 < len(items) <= self.config.max_num_seqs
+            and all(s.num_new_tokens == 1 and not s.spec_token_ids for s in items)
+            and self._graph_sampling_ok(items)
+        )
+
+    @torch.inference_mode()
+    def launch_decode(self, items: list, prev: InflightDecode | None = None) -> InflightDecode:  # type: ignore[type-arg]
+        """Enqueue a plain decode step (graph replay + a non-blocking copy of its tokens to pinned memory) and
+        return without waiting for it. With ``prev`` (still in flight) each request's input token is taken from
+        prev's device output, so the host never waits for it; ``collect_decode`` reads the tokens later."""
+        feed = None
+        if prev is not None:
+            rows = {id(s.req): i for i, s in enumerate(prev.items)}
+            feed = (prev.packed, [rows[id(s.req)] for s in items])
+            self.num_async_steps += 1
+        random_rows = not all(s.req.params.greedy for s in items)
+        logits, _, packed = self._forward_uniform(items, 1, random_rows, feed)
+        if random_rows:
+            packed = self._sample_uniform(1, logits, packed)
+        self.num_fast_steps += 1
+        self.num_sampling_steps += int(random_rows)
+        n, ev = len(items), self._async_events[self._async_flip]
+        if ev is None:  # CPU: already computed; keep a copy (the next eager step makes new tensors anyway)
+            return InflightDecode(list(items), packed, packed[:n].clone(), None)
+        host = self._async_host[self._async_flip][:n]
+        self._async_flip ^= 1
+        host.copy_(packed[:n], non_blocking=True)
+        ev.record(torch.cuda.current_stream(self.device))
+        return InflightDecode(list(items), packed, host, ev)
+
+    @staticmethod
+    def collect_decode(step: InflightDecode) -> list[int]:
+        """Wait for a launched decode step; its one new token per request (in ``step.items`` order)."""
+        if step.done is not None:
+            step.done.synchronize()
+        return [row[0] for row in step.host.tolist()]
 
     # ------------------------------------------------------------------ the step
     @torch.inference_mode()

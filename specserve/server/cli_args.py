@@ -181,6 +181,13 @@ def make_arg_parser() -> OneLineArgumentParser:
     e.add_argument("--trust-remote-code", action="store_true")
     e.add_argument("--enforce-eager", action="store_true", help="Disable CUDA graphs.")
     e.add_argument(
+        "--async-scheduling",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="Prepare the next decode step on the host while the device runs the current one "
+        "(default: on with CUDA graphs).",
+    )
+    e.add_argument(
         "--load-format",
         choices=["auto", "dummy"],
         default="auto",
@@ -305,6 +312,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         "enable_prefix_caching": args.enable_prefix_caching,
         "block_size": args.block_size,
         "num_gpu_blocks": args.num_gpu_blocks,
+        "async_scheduling": args.async_scheduling,
     }
     kwargs.update({k: v for k, v in optional.items() if v is not None})
     if kwargs["speculative_config"] is None and args.model_tag is None and not args.no_speculation:
