@@ -17,7 +17,9 @@
 # Env overrides: WORK_DIR, ASSETS_DIR, GENERATOR (engine|hf|auto), GEN_PROCS, DFLASH_STEPS, EAGLE_STEPS,
 # BUDGET (seconds for the whole script, default 540: training gets what data generation leaves, via --max-time),
 # DATA_FILE (a data.jsonl[.gz] from an earlier run: skips generation; every run leaves data.jsonl.gz in $OUT),
-# INIT_FROM_ASSETS=1 (continue training the drafters already in $ASSETS instead of starting from scratch).
+# INIT_FROM_ASSETS=1 (continue training the drafters already in $ASSETS instead of starting from scratch),
+# EAGLE_TIME_PCT (EAGLE-3's share of the training time in percent, default 100: both train side by side for the
+# whole budget; less stops EAGLE-3 early and leaves the GPU to DFlash for the rest).
 set -euo pipefail
 : "${SMOLLM2_GGUF:?set SMOLLM2_GGUF to SmolLM2-135M-Instruct.Q4_1.gguf}"
 : "${DATA_DIR:?set DATA_DIR to the shared data directory (gsm8k_train.jsonl, corpus/, ...)}"
@@ -55,19 +57,20 @@ T1=$(date +%s); echo "[demo] data generated in $((T1 - T0)) s" >&2
 # ---- 2. train both drafters concurrently, for what is left of the budget (75 s kept for start-up and export)
 TRAIN_TIME=$((BUDGET - (T1 - T0) - 75))
 [ "$TRAIN_TIME" -gt 30 ] || { echo "[demo] no time left to train ($TRAIN_TIME s)" >&2; exit 1; }
-echo "[demo] training budget $TRAIN_TIME s" >&2
-COMMON=(--max-time "$TRAIN_TIME" --target "$SMOLLM2_GGUF" --data "$WORK/data/data.jsonl" --batch-size 32 --max-length 1536
+EAGLE_TIME=$((TRAIN_TIME * ${EAGLE_TIME_PCT:-100} / 100))
+echo "[demo] training budget $TRAIN_TIME s (EAGLE-3: $EAGLE_TIME s)" >&2
+COMMON=(--target "$SMOLLM2_GGUF" --data "$WORK/data/data.jsonl" --batch-size 32 --max-length 1536
         --epochs 100 --lr 6e-4 --warmup-ratio 0.04 --save-every 0 --log-every 20 --seed 0 --no-progress)
 INIT_D=(); INIT_E=()
 if [ "${INIT_FROM_ASSETS:-0}" = 1 ]; then
     cp -r "$ASSETS/smollm2-135m-dflash" "$WORK/init-dflash"; cp -r "$ASSETS/smollm2-135m-eagle3" "$WORK/init-eagle3"
     INIT_D=(--init-from "$WORK/init-dflash"); INIT_E=(--init-from "$WORK/init-eagle3")
 fi
-$TRAIN dflash "${COMMON[@]}" "${INIT_D[@]}" --output "$ASSETS/smollm2-135m-dflash" --work-dir "$WORK/dflash" \
+$TRAIN dflash --max-time "$TRAIN_TIME" "${COMMON[@]}" "${INIT_D[@]}" --output "$ASSETS/smollm2-135m-dflash" --work-dir "$WORK/dflash" \
     --num-layers 3 --intermediate-size 704 --block-size 16 --num-anchors 256 --max-steps "$DFLASH_STEPS" \
     > "$WORK/dflash.log" 2>&1 &
 PID_D=$!
-$TRAIN eagle3 "${COMMON[@]}" "${INIT_E[@]}" --output "$ASSETS/smollm2-135m-eagle3" --work-dir "$WORK/eagle3" \
+$TRAIN eagle3 --max-time "$EAGLE_TIME" "${COMMON[@]}" "${INIT_E[@]}" --output "$ASSETS/smollm2-135m-eagle3" --work-dir "$WORK/eagle3" \
     --intermediate-size 1280 --ttt-steps 7 --max-steps "$EAGLE_STEPS" \
     > "$WORK/eagle3.log" 2>&1 &
 PID_E=$!
