@@ -14,18 +14,18 @@ mkdir -p "$OUT"
 export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD PYTHONUNBUFFERED=1
 T0=$(date +%s)
 say() { echo "[gpu_checks] $* at $(( $(date +%s) - T0 )) s" >&2; }
-{ timeout 60 python benchmarks/count_kernels.py; timeout 60 python benchmarks/count_kernels.py --qwen3; } \
+{ timeout 45 python benchmarks/count_kernels.py; timeout 45 python benchmarks/count_kernels.py --qwen3; } \
     2>&1 | grep -v "^\[transformers\]" | tee "$OUT/count_kernels.log"
 say "kernels counted"
-SPECSERVE_FUSED_KERNELS=0 timeout 120 python benchmarks/step_latency.py --config-dir "$CFG/qwen3-8b" \
+SPECSERVE_FUSED_KERNELS=0 timeout 110 python benchmarks/step_latency.py --config-dir "$CFG/qwen3-8b" \
     --batches 1 --max-tokens 32 --skip-hf --skip-eager --configs plain dflash:15 \
     --out "$OUT/step_latency-fused0.json" 2>&1 | grep -v "^\[transformers\]\|^{" | tee "$OUT/step_latency-fused0.log"
 say "step latency with SPECSERVE_FUSED_KERNELS=0"
-SPECSERVE_FUSED_KERNELS=1 timeout 180 python benchmarks/step_latency.py --config-dir "$CFG/qwen3-8b" \
+SPECSERVE_FUSED_KERNELS=1 timeout 170 python benchmarks/step_latency.py --config-dir "$CFG/qwen3-8b" \
     --batches 1 --max-tokens 32 --configs plain dflash:15 eagle3:7 \
     --out "$OUT/step_latency-fused1.json" 2>&1 | grep -v "^\[transformers\]\|^{" | tee "$OUT/step_latency-fused1.log"
 say "step latency with SPECSERVE_FUSED_KERNELS=1"
-SMOL="$CFG/smollm2" timeout 100 python - <<'PY' 2>&1 | grep -v "^\[transformers\]" | tee "$OUT/sampling_in_graph.log"
+SMOL="$CFG/smollm2" timeout 90 python - <<'PY' 2>&1 | grep -v "^\[transformers\]" | tee "$OUT/sampling_in_graph.log"
 import os, time
 from specserve import LLM, SamplingParams
 for spec in (None, {"method": "dflash", "model": "specserve/assets/smollm2-135m-dflash", "num_speculative_tokens": 15}):
@@ -44,5 +44,5 @@ for spec in (None, {"method": "dflash", "model": "specserve/assets/smollm2-135m-
     del llm
 PY
 say "sampling in the graphs"
-timeout 120 python benchmarks/bench_dflash_attention.py --iters 3 2>&1 | tee "$OUT/bench_dflash_attention.log"
+timeout 110 python benchmarks/bench_dflash_attention.py --iters 3 2>&1 | tee "$OUT/bench_dflash_attention.log"
 say "done"
