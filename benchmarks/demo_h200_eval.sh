@@ -23,7 +23,7 @@ timeout "${EVAL_TIME:-240}" python -m specserve eval-acceptance --model "$GGUF" 
     2>&1 | grep -v '^{' | tee "$OUT/eval_acceptance-h200.log"
 echo "[eval] acceptance done at $(( $(date +%s) - T0 )) s" >&2
 timeout "${GPU_TIME:-200}" python benchmarks/smollm2_gpu.py --gguf "$GGUF" --dflash "$D" --eagle3 "$E" \
-    --out "$OUT/smollm2_gpu-h200.json" 2>&1 | grep -v "^INFO\|it/s\]" | tee "$OUT/smollm2_gpu-h200.log"
+    --hf-timeout "${HF_TIME:-120}" --only plain "dflash K=15" "eagle3 K=7" --out "$OUT/smollm2_gpu-h200.json" 2>&1 | grep -v "^INFO\|it/s\]" | tee "$OUT/smollm2_gpu-h200.log"
 echo "[eval] smollm2_gpu done at $(( $(date +%s) - T0 )) s" >&2
 OUTPUT_LEN=128 CONCURRENCY="1 2 4" timeout "${E2E_TIME:-150}" bash benchmarks/serve_e2e.sh "$GGUF" \
     "$DATA/mt_bench_question.jsonl" "$OUT/e2e" 16 \

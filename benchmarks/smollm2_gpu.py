@@ -133,6 +133,9 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=256)
     ap.add_argument("--skip-hf", action="store_true")
     ap.add_argument(
+        "--only", nargs="+", default=None, help="configs to run, by name: plain, 'dflash K=15', ..."
+    )
+    ap.add_argument(
         "--hf-timeout", type=float, default=300.0, help="seconds for HF's load + warm-up + timing"
     )
     ap.add_argument("--hf-worker", action="store_true", help=argparse.SUPPRESS)
@@ -145,6 +148,8 @@ def main() -> int:
     rows: list[dict] = [] if args.skip_hf else run_hf(args)
     equal: dict[str, bool] = {}
     for spec in specs(args):
+        if args.only and name(spec) not in args.only:
+            continue
         res = {}
         for eager in (True, False):
             llm = LLM(
