@@ -347,7 +347,7 @@ def test_dflash_drafter_fused_path(attn: str) -> None:
 def test_llm_greedy_triton_backend_fused_on_cpu(tiny_qwen3_dir, monkeypatch) -> None:
     from specserve import LLM, SamplingParams
 
-    monkeypatch.setenv("SPECSERVE_FUSED_KERNELS", "1")  # opt-in until the kernels are checked on a GPU
+    monkeypatch.delenv("SPECSERVE_FUSED_KERNELS", raising=False)  # the default: fused on the triton backend
 
     prompts = ["The capital of France is", "1 2 3 4 5 6"]
     sp = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
@@ -357,3 +357,6 @@ def test_llm_greedy_triton_backend_fused_on_cpu(tiny_qwen3_dir, monkeypatch) -> 
         assert llm.engine.runner.backend.fused == (backend == "triton")
         outs[backend] = [o.outputs[0].token_ids for o in llm.generate(prompts, sp)]
     assert outs["triton"] == outs["torch"]
+    monkeypatch.setenv("SPECSERVE_FUSED_KERNELS", "0")  # the opt-out
+    llm = LLM(tiny_qwen3_dir, dtype="float32", device="cpu", attention_backend="triton", num_gpu_blocks=16)
+    assert not llm.engine.runner.backend.fused

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# One H200 call (<= 10 min) on random weights only (no GGUF to ship): CFG holds qwen3-8b/ and smollm2/
+# (config + tokenizer). Everything lands in $OUT/suite.tgz (the device tool brings back few files).
+#   CFG=.bench OUT=$OUT bash benchmarks/h200_dummy_suite.sh
+# 1. lossless: greedy outputs of every drafter == plain decode, float32 and bfloat16 (SmolLM2 shape, batch 8)
+# 2. step latency, Qwen3-8B shape: plain, DFlash K=4/15, EAGLE-3 K=4/7, batch 1/2/4/8, graphs vs eager, HF forward,
+#    weight-read floor, async scheduling on/off
+# 3. SmolLM2-135M shape batch 1: HF transformers eager + static cache (compiled, warmed up) vs specserve plain
+#    and DFlash K=15 (random weights: speed only; acceptance of a random target is meaningless)
+set -uo pipefail
+CFG=${CFG:-.bench}
+OUT=${OUT:-/tmp/specserve-dummy-suite}
+W=$(mktemp -d)
+export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD PYTHONUNBUFFERED=1
+T0=$(date +%s)
+say() { echo "[suite] $* at $(( $(date +%s) - T0 )) s" >&2; }
+D=specserve/assets/smollm2-135m-dflash; E=specserve/assets/smollm2-135m-eagle3
+timeout "${LOSSLESS_TIME:-110}" python benchmarks/lossless_gpu.py --model "$CFG/smollm2" --dummy --dflash $D --eagle3 $E \
+    --out "$W/lossless_gpu-h200.json" 2>&1 | tee "$W/lossless_gpu-raw.log" | grep -v "^\[transformers\]\|^{" | tee "$W/lossless_gpu-h200.log"
+say "lossless"
+timeout "${STEP_TIME:-230}" python benchmarks/step_latency.py --config-dir "$CFG/qwen3-8b" --batches 1 2 4 8 \
+    --max-tokens 48 --configs plain dflash:4 dflash:15 eagle3:4 eagle3:7 --out "$W/step_latency-h200.json" 2>&1 \
+    | tee "$W/step_latency-raw.log" | grep -v "^\[transformers\]\|^{" | tee "$W/step_latency-h200.log"
+say "step latency"
+timeout "${SMOL_TIME:-240}" python benchmarks/smollm2_gpu.py --config-dir "$CFG/smollm2" --no-eager \
+    --hf-timeout "${HF_TIME:-200}" --dflash $D --only plain "dflash K=15" --out "$W/smollm2_gpu-dummy-h200.json" 2>&1 \
+    | tee "$W/smollm2_gpu-raw.log" | grep -v "^\[transformers\]" | tee "$W/smollm2_gpu-dummy-h200.log"
+say "smollm2 vs HF"
+mkdir -p "$OUT" && tar -C "$W" -czf "$OUT/suite.tgz" .
