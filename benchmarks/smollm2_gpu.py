@@ -132,6 +132,7 @@ def main() -> int:
     ap.add_argument("--eagle3", default=None)
     ap.add_argument("--tokens", type=int, default=256)
     ap.add_argument("--skip-hf", action="store_true")
+    ap.add_argument("--no-eager", action="store_true", help="speed only: skip the graphs == eager comparison")
     ap.add_argument(
         "--only", nargs="+", default=None, help="configs to run, by name: plain, 'dflash K=15', ..."
     )
