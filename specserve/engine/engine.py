@@ -336,8 +336,9 @@ class LLMEngine:
         without waiting; step N+1 is scheduled assuming each request gets one token from N, and launched with its
         input tokens gathered on the device from N's output; only then does the host wait for N and process its
         tokens, so this host work overlaps N+1 on the device. Each call still returns one step's outputs, in the
-        order the synchronous engine would. Anything else (prefill, admissions, speculation, seeded / logprobs
-        requests, running out of blocks) drains the pipeline and runs synchronously.
+        order the synchronous engine would. Fused greedy DFlash steps are pipelined the same way (see _step_spec).
+        Anything else (prefill, admissions, random / seeded / logprobs requests, host-side drafting, running out
+        of blocks, requests near their end) drains the pipeline and runs synchronously.
         """
         if self._inflight_spec is not None:
             return self._step_spec(self._inflight_spec)
