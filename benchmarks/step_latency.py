@@ -164,15 +164,19 @@ def run_config(
         wall2 = time.perf_counter() - t0
         n2 = steps["n"]
         fused = eng.runner.num_fused_steps - fused0  # verify steps whose drafter ran in the fused graph
-        async_on = bool(getattr(eng.runner, "async_scheduling", False))
+        modes = (
+            bool(getattr(eng.runner, "async_scheduling", False)),
+            bool(getattr(eng.runner, "async_spec", False)),
+        )
+        async_on = any(modes)
         sync_ms = None
         if async_on:  # the same run with asynchronous scheduling off: what overlapping the host work buys
-            eng.runner.async_scheduling = False
+            eng.runner.async_scheduling = eng.runner.async_spec = False
             steps["n"] = 0
             t0 = time.perf_counter()
             llm.generate(prompts, sp)
             sync_ms = round(1e3 * (time.perf_counter() - t0) / max(1, steps["n"]), 3)
-            eng.runner.async_scheduling = True
+            eng.runner.async_scheduling, eng.runner.async_spec = modes
         med = lambda xs: sorted(xs)[len(xs) // 2] if xs else 0.0  # noqa: E731
         rows.append(
             {

@@ -242,6 +242,9 @@ class EngineConfig:
     # plain decode steps: schedule and fill step N+1 while step N runs (vLLM's --async-scheduling); None = on with
     # CUDA graphs, True = wherever the padded path runs (CPU tests), False = off
     async_scheduling: bool | None = None
+    # fused greedy DFlash steps: launch verify step N+1 (inputs built on the device from N's output) before N's
+    # tokens reach the host; None = follow async_scheduling, True / False = on / off (needs the fused step)
+    async_spec: bool | None = None
 
     def __post_init__(self) -> None:
         if self.dtype not in (

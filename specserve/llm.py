@@ -36,6 +36,7 @@ class LLM:
         attention_backend: str = "auto",
         padded_decode: bool | None = None,
         async_scheduling: bool | None = None,
+        async_spec: bool | None = None,
         load_format: str = "auto",
         **kwargs: Any,
     ) -> None:
@@ -62,6 +63,7 @@ class LLM:
             attention_backend=attention_backend,
             padded_decode=padded_decode,
             async_scheduling=async_scheduling,
+            async_spec=async_spec,
             load_format=load_format,
         )
         self.engine = LLMEngine(self.config)

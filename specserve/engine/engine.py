@@ -18,7 +18,7 @@ from specserve.outputs import CompletionOutput, Logprob, RequestOutput
 from specserve.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
-    from specserve.runner.model_runner import InflightDecode
+    from specserve.runner.model_runner import InflightDecode, InflightSpec
 
 logger = logging.getLogger("specserve")
 
@@ -169,6 +169,7 @@ class LLMEngine:
         # True: step() returns outputs only for finished requests (LLM.generate: no per-step snapshots to build)
         self.final_outputs_only = False
         self._inflight: InflightDecode | None = None  # async scheduling: the decode step on the device
+        self._inflight_spec: InflightSpec | None = None  # likewise, a fused greedy speculative step
         # metrics
         self.spec_stats = SpecStats()
         self.prompt_tokens_total = 0
@@ -323,7 +324,9 @@ class LLMEngine:
             self.requests.pop(req.request_id, None)
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished() or self._inflight is not None
+        return (
+            self.scheduler.has_unfinished() or self._inflight is not None or self._inflight_spec is not None
+        )
 
     # ------------------------------------------------------------------ the step
     def step(self) -> list[RequestOutput]:
@@ -333,12 +336,17 @@ class LLMEngine:
         without waiting; step N+1 is scheduled assuming each request gets one token from N, and launched with its
         input tokens gathered on the device from N's output; only then does the host wait for N and process its
         tokens, so this host work overlaps N+1 on the device. Each call still returns one step's outputs, in the
-        order the synchronous engine would. Anything else (prefill, admissions, speculation, seeded / logprobs
-        requests, running out of blocks) drains the pipeline and runs synchronously.
+        order the synchronous engine would. Fused greedy DFlash steps are pipelined the same way (see _step_spec).
+        Anything else (prefill, admissions, random / seeded / logprobs requests, host-side drafting, running out
+        of blocks, requests near their end) drains the pipeline and runs synchronously.
         """
+        if self._inflight_spec is not None:
+            return self._step_spec(self._inflight_spec)
         if self._inflight is None:
             sched = self.scheduler.schedule()
             items = sched.scheduled
+            if self.runner.can_launch_spec_async(items):
+                return self._step_spec(self.runner.launch_spec(items, None))
             if not (all(s.samples for s in items) and self.runner.can_launch_async(items)):
                 return self._step_sync(sched)
             self._inflight = self._launch(items, None)
@@ -397,6 +405,85 @@ class LLMEngine:
                 self.request_success[req.status.value] = self.request_success.get(req.status.value, 0) + 1
             else:
                 self.block_manager.cache_full_blocks(req)
+        self._maybe_log()
+        return self._outputs_for(touched)
+
+    # ------------------------------------------------------------------ async fused speculative steps
+    def _step_spec(self, step: InflightSpec) -> list[RequestOutput]:
+        """Async scheduling of fused greedy speculative steps (ModelRunner.launch_spec): with step N in flight,
+        schedule step N+1 without knowing N's n_acc (worst case: every draft accepted), launch it with its inputs
+        built on the device from N's output, then collect N."""
+        nxt = self._schedule_next_spec(step)
+        self._inflight_spec = self.runner.launch_spec(nxt, step) if nxt else None
+        return self._collect_spec(step)
+
+    def _schedule_next_spec(self, step: InflightSpec) -> list[ScheduledRequest] | None:
+        """Step N+1 while N is in flight, or None (drain). The running requests are N's minus those that
+        finished since N was launched (their N output is discarded); their confirmed state is N's start. Drain
+        when someone waits for admission, a running request was not in N, a request could finish by length
+        within N and N+1 (or its drafts could be cut by the draft budget), or blocks run out (no preemption with
+        a step in flight). Blocks are allocated for the worst case: N and N+1 accept everything (2(K+1) tokens)
+        and N+1's drafter query block writes K+1 more slots."""
+        sch, runner = self.scheduler, self.runner
+        if not sch.running or (sch.waiting and len(sch.running) < sch.max_num_seqs):
+            return None
+        in_step = {id(s.req) for s in step.items}
+        if any(id(r) not in in_step for r in sch.running):
+            return None
+        q = self.num_spec + 1
+        cap = min(self.max_model_len, runner.draft_max_model_len)
+        for r in sch.running:
+            if r.num_output_tokens + 3 * q + 1 >= r.max_tokens or r.num_tokens + 3 * q + 1 >= cap:
+                return None
+        if len(sch.running) * q > sch.max_num_batched_tokens:
+            return None
+        # the same order as the synchronous scheduler would give (running order)
+        items = [ScheduledRequest(r, 1, []) for r in sch.running]
+        if (
+            not (runner.async_spec and runner.use_fused_step)
+            or runner.profile
+            or len(items) > sch.max_num_seqs
+        ):
+            return None
+        if not runner._graph_sampling_ok(items) or not all(r.params.greedy for r in sch.running):
+            return None
+        for r in sch.running:  # no preemption here: when blocks run out, the synchronous step handles it
+            if not self.block_manager.allocate(r, r.num_computed_tokens + 3 * q):
+                return None
+        return items
+
+    def _collect_spec(self, step: InflightSpec) -> list[RequestOutput]:
+        """Wait for a launched speculative step and process it as the synchronous fused step does. A request
+        that finished (or was aborted) after the step was launched gets nothing: its output is discarded. Each
+        request's drafts verified by this step are req.spec_token_ids (set by the previous step's processing)."""
+        rows = self.runner.collect_spec(step)
+        q = self.num_spec + 1
+        touched: set[str] = set()
+        now = time.monotonic()
+        for s, vals in zip(step.items, rows):
+            req = s.req
+            if req.is_finished:
+                continue
+            nd = len(req.spec_token_ids)
+            toks = vals[: min(vals[q], nd) + 1]
+            n_acc = len(toks) - 1
+            if nd:
+                self.spec_stats.observe(nd, n_acc)
+            max_drafts = max(0, self.runner._draft_budget(req, len(toks)))
+            req.num_computed_tokens += 1 + n_acc
+            if req.first_token_time is None:
+                req.first_token_time = now
+                self.prompt_tokens_total += req.num_prompt_tokens
+            self._append_tokens(req, toks, None)
+            touched.add(req.parent_id or req.request_id)
+            if req.is_finished:
+                # blocks freed after the next step (which may write them) was enqueued: stream-ordered
+                self.scheduler.finish(req, req.status)
+                self.request_success[req.status.value] = self.request_success.get(req.status.value, 0) + 1
+            else:
+                self.block_manager.cache_full_blocks(req)
+                d = vals[q + 1 : q + 1 + max_drafts]
+                req.spec_token_ids = d if d and d[0] >= 0 else []
         self._maybe_log()
         return self._outputs_for(touched)
 

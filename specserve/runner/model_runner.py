@@ -51,6 +51,22 @@ class InflightDecode:
     done: Any
 
 
+@dataclass
+class InflightSpec:
+    """A launched fused greedy speculative step (verify graph + fused drafter graph): its requests, the device
+    output (packed [n, 2K+2]: q verified tokens | n_match | K drafts, -1 where none), the pinned host rows it is
+    being copied to, the copy's event, and on the device per request its number of drafts verified, its draft
+    budget before n_acc (aux of the step) and its first position: what the next step's inputs are built from."""
+
+    items: list[Any]
+    packed: torch.Tensor
+    host: torch.Tensor
+    done: Any
+    num_draft: torch.Tensor
+    budget: torch.Tensor
+    first: torch.Tensor
+
+
 @torch.no_grad()
 def init_dummy_weights(model: torch.nn.Module, seed: int = 0, std: float = 0.02) -> None:
     """Random weights (``load_format="dummy"``): normal(0, std) matrices, unit norms."""
@@ -145,6 +161,8 @@ class ModelRunner:
         self.num_sampling_steps = 0  # of those, steps with random (temperature > 0) requests (tests)
         self.num_fused_steps = 0  # of those, steps whose drafter ran on the device too (tests, benchmarks)
         self.num_async_steps = 0  # decode steps launched while the previous one was still in flight (tests)
+        self.num_async_spec_steps = 0  # fused speculative steps launched while the previous one was in flight
+        self.async_spec = False  # set up with the uniform path (_setup_uniform_path)
         self.use_fused_step = False  # set up with the uniform path (_setup_uniform_path)
         self.async_scheduling = False  # likewise
         self.profile = False  # benchmarks: per step (target+verify ms, drafter ms, batch) in self.timings
@@ -293,7 +311,7 @@ class ModelRunner:
         # --enforce-eager keeps the padded path (same kernels, same shapes as the graphs) and only skips capture
         padded = cfg.padded_decode if cfg.padded_decode is not None else (self.device.type == "cuda")
         self.use_padded = padded
-        self.async_scheduling = False
+        self.async_scheduling = self.async_spec = False
         if not padded:
             return
         capture = self.device.type == "cuda" and not cfg.enforce_eager
@@ -342,6 +360,17 @@ class ModelRunner:
         self._async_host = [torch.zeros((max_b, 2), dtype=torch.int64, pin_memory=cuda) for _ in range(2)]
         self._async_events = [torch.cuda.Event() if cuda else None for _ in range(2)]
         self._async_flip = 0
+        # async fused speculative steps (see launch_spec): likewise, rows of q + 1 + K
+        want = cfg.async_spec if cfg.async_spec is not None else cfg.async_scheduling
+        if want is None:
+            want = capture
+        self.async_spec = bool(want) and self.use_fused_step
+        self._spec_host = [
+            torch.zeros((max_b, 2 * k + 2), dtype=torch.int64, pin_memory=cuda) for _ in range(2)
+        ]
+        self._spec_events = [torch.cuda.Event() if cuda else None for _ in range(2)]
+        self._spec_flip = 0
+        self._spec_cols = torch.arange(k + 1, device=dev)
 
     def _sampling_graphs(self, q: int, capture: bool, pool: Any) -> BucketedGraphs:
         """Random sampling + acceptance of a uniform step as a second graph per bucket, replayed right after the
@@ -577,6 +606,104 @@ class ModelRunner:
         if step.done is not None:
             step.done.synchronize()
         return [row[0] for row in step.host.tolist()]
+
+    # ------------------------------------------------------------------ async fused speculative steps
+    def can_launch_spec_async(self, items: list) -> bool:  # type: ignore[type-arg]
+        """A step that ``execute`` runs as a fused greedy step: every request runs one committed token (+ its
+        drafts, some request has drafts) and samples, all greedy, answered by the graphs alone. Not while
+        profiling."""
+        return (
+            self.async_spec
+            and self.use_fused_step
+            and not self.profile
+            and 0 < len(items) <= self.config.max_num_seqs
+            and all(s.num_new_tokens == 1 and s.samples and s.req.params.greedy for s in items)
+            and any(s.spec_token_ids for s in items)
+            and self._graph_sampling_ok(items)
+        )
+
+    @torch.inference_mode()
+    def launch_spec(self, items: list, prev: InflightSpec | None = None) -> InflightSpec:  # type: ignore[type-arg]
+        """Enqueue a fused greedy speculative step (verify graph + fused drafter graph + a non-blocking copy of
+        its packed output to pinned memory) and return without waiting.
+
+        Without ``prev`` the inputs come from the host exactly as in ``execute``. With ``prev`` (still in flight,
+        its requests' confirmed state being prev's start) the host fills block tables and placeholders and each
+        request's ids / positions / slots / seq_len / (num_draft, budget) are written on the device from prev's
+        output, stream-ordered after prev's graphs and before this replay: n_acc = min(n_match, num_draft), the
+        input block is [bonus, prev's drafts] at prev's first position + n_acc + 1, num_draft = number of real
+        drafts capped by the budget, budget = prev's budget - (n_acc + 1) (``_draft_budget`` is linear)."""
+        assert self.proposer is not None
+        K = self.num_speculative_tokens
+        q, n, bs = K + 1, len(items), self.block_size
+        graphs, buf = self.graphs[q], self.padded[q]
+        b = graphs.bucket(n)
+        v = buf.views(b)
+        if prev is None:
+            rows = [
+                ([s.req.token_ids[s.start]] + s.spec_token_ids, s.start, s.req.block_table) for s in items
+            ]
+            aux = [[len(s.spec_token_ids), self._draft_budget(s.req, 1), 0] for s in items]
+            buf.fill(b, rows, bs, aux)
+            num_draft = v.aux[:n, 0].long()
+            budget = v.aux[:n, 1].long()
+            first = v.pos.view(b, q)[:n, 0].clone()
+        else:
+            # block tables (allocated for the worst case) on the host; everything else from prev on the device
+            buf.fill(b, [([0], s.req.num_computed_tokens, s.req.block_table) for s in items], bs)
+            order = {id(s.req): i for i, s in enumerate(prev.items)}
+            idx = [order[id(s.req)] for s in items]
+            src_packed, src_nd, src_budget, src_first = prev.packed, prev.num_draft, prev.budget, prev.first
+            if idx != list(range(n)):
+                sel = torch.tensor(idx, dtype=torch.int64, pin_memory=self.device.type == "cuda").to(
+                    self.device, non_blocking=True
+                )
+                src_packed, src_nd = src_packed.index_select(0, sel), src_nd.index_select(0, sel)
+                src_budget, src_first = src_budget.index_select(0, sel), src_first.index_select(0, sel)
+            else:
+                src_packed = src_packed[:n]
+            cols = self._spec_cols
+            n_acc = torch.minimum(src_packed[:, q].clamp(0, K), src_nd)
+            bonus = src_packed.gather(1, n_acc[:, None])
+            drafts = src_packed[:, q + 1 : q + 1 + K]
+            num_draft = torch.where(drafts[:, 0] >= 0, (src_budget - n_acc).clamp(0, K), 0)
+            budget = src_budget - n_acc - 1
+            first = src_first + n_acc + 1
+            pos = first[:, None] + cols[None, :]
+            ids = torch.cat([bonus, torch.where(cols[None, 1:] <= num_draft[:, None], drafts, 0)], 1)
+            blk = pos // bs
+            bid = v.bt[:n].gather(1, blk.clamp(0, buf.max_blocks - 1)).long()
+            valid = (cols[None, :] <= num_draft[:, None]) & (bid >= 0) & (blk < buf.max_blocks)
+            slots = torch.where(valid, bid * bs + pos % bs, -1)
+            v.ids[: n * q].copy_(ids.view(-1))
+            v.pos[: n * q].copy_(pos.view(-1))
+            v.slots[: n * q].copy_(slots.view(-1))
+            v.seq[:n].copy_(first + q)
+            v.aux[:n, 0].copy_(num_draft)
+            v.aux[:n, 1].copy_(budget)
+            self.num_async_spec_steps += 1
+        _, features, packed = graphs.run(b)
+        assert features is not None
+        out = self.proposer.run_fused_step(features, packed)
+        self.num_fast_steps += 1
+        self.num_fused_steps += 1
+        # this step's own copies: the next step's fill overwrites the buffers these views read
+        num_draft, budget = num_draft.clone(), budget.clone()
+        ev = self._spec_events[self._spec_flip]
+        if ev is None:  # CPU: already computed
+            return InflightSpec(list(items), out, out[:n].clone(), None, num_draft, budget, first)
+        host = self._spec_host[self._spec_flip][:n]
+        self._spec_flip ^= 1
+        host.copy_(out[:n], non_blocking=True)
+        ev.record(torch.cuda.current_stream(self.device))
+        return InflightSpec(list(items), out, host, ev, num_draft, budget, first)
+
+    @staticmethod
+    def collect_spec(step: InflightSpec) -> list[list[int]]:
+        """Wait for a launched speculative step; its packed rows (in ``step.items`` order)."""
+        if step.done is not None:
+            step.done.synchronize()
+        return step.host.tolist()  # type: ignore[no-any-return]
 
     # ------------------------------------------------------------------ the step
     @torch.inference_mode()

@@ -188,6 +188,13 @@ def make_arg_parser() -> OneLineArgumentParser:
         "(default: on with CUDA graphs).",
     )
     e.add_argument(
+        "--async-spec",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="Launch the next fused greedy DFlash step before the current one's tokens reach the host "
+        "(default: follows --async-scheduling).",
+    )
+    e.add_argument(
         "--load-format",
         choices=["auto", "dummy"],
         default="auto",
@@ -313,6 +320,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         "block_size": args.block_size,
         "num_gpu_blocks": args.num_gpu_blocks,
         "async_scheduling": args.async_scheduling,
+        "async_spec": args.async_spec,
     }
     kwargs.update({k: v for k, v in optional.items() if v is not None})
     if kwargs["speculative_config"] is None and args.model_tag is None and not args.no_speculation:

@@ -1,0 +1,230 @@
+"""Async scheduling of fused greedy DFlash steps: step N+1 is scheduled (worst-case blocks), its inputs (bonus
+token, drafts, positions, slots, seq lens, num_draft, budget) written on the device from step N's packed output,
+and launched before N's tokens reach the host.
+
+On CPU the padded "graphs" run eagerly, so the pipeline is exercised for its bookkeeping: every step's outputs,
+every verified draft (num_draft, num_accepted, in order) and the spec metrics must be exactly what the
+synchronous engine produces, with no KV block leaked, across stop tokens, stop strings, different max_tokens
+and aborts while a step is in flight.
+"""
+
+from __future__ import annotations
+
+import pytest
+from drafters import make_dflash
+
+from specserve import LLM, SamplingParams
+
+VOCAB = 49152
+PROMPTS = [
+    "Hello there, how are you doing today? I wanted to ask you about the weather in",
+    "1 2 3 4 5 6 7 8 9 10 1 2 3 4 5 6 7",
+    "a",
+]
+
+
+@pytest.fixture(scope="module")
+def dflash_dir(tmp_path_factory) -> str:
+    return make_dflash(tmp_path_factory.mktemp("as_dflash"), 64, 4, VOCAB, layer_ids=[0, 2])
+
+
+def _llm(model: str, dflash: str, k: int, async_on: bool, **kw) -> LLM:  # type: ignore[no-untyped-def]
+    llm = LLM(
+        model,
+        dtype="float32",
+        device="cpu",
+        max_num_seqs=4,
+        padded_decode=True,
+        async_spec=async_on,
+        speculative_config={"method": "dflash", "model": dflash, "num_speculative_tokens": k},
+        **kw,
+    )
+    assert llm.engine.runner.use_fused_step
+    assert llm.engine.runner.async_spec == async_on
+    return llm
+
+
+def _run(llm: LLM, prompts, params, on_step=None) -> tuple[list, list]:  # type: ignore[no-untyped-def]
+    """Add everything up front, step to the end: per step what each output said, and every (num_draft,
+    num_accepted) observed, in order."""
+    eng = llm.engine
+    observed: list[tuple[int, int]] = []
+    observe = eng.spec_stats.observe
+
+    def rec(nd: int, na: int) -> None:
+        observed.append((nd, na))
+        observe(nd, na)
+
+    eng.spec_stats.observe = rec  # type: ignore[method-assign]
+    for i, (p, sp) in enumerate(zip(prompts, params)):
+        eng.add_request(str(i), p, sp)
+    trace = []
+    n = 0
+    try:
+        while eng.has_unfinished_requests():
+            if on_step is not None:
+                on_step(eng, n)
+            outs = eng.step()
+            n += 1
+            trace.append(
+                sorted(
+                    (
+                        o.request_id,
+                        o.finished,
+                        [(c.text, c.token_ids, c.finish_reason, c.stop_reason) for c in o.outputs],
+                    )
+                    for o in outs
+                )
+            )
+    finally:
+        del eng.spec_stats.observe
+    return trace, observed
+
+
+def _check_metrics(sync: LLM, asy: LLM) -> None:
+    ms, ma = sync.get_metrics(), asy.get_metrics()
+    for m in (ms, ma):
+        assert m["num_free_blocks"] == m["num_gpu_blocks"]  # no KV block leaked
+    keys = [k for k in ms if k.startswith("spec_decode")] + [
+        "prompt_tokens_total",
+        "generation_tokens_total",
+        "request_success_total",
+    ]
+    assert {k: ma[k] for k in keys} == {k: ms[k] for k in keys}
+
+
+@pytest.mark.parametrize("k", [4, 15])
+@pytest.mark.parametrize("batch", [1, 3])
+def test_identical_to_sync(k, batch, often_qwen3_dir, dflash_dir):
+    sync = _llm(often_qwen3_dir, dflash_dir, k, False)
+    asy = _llm(often_qwen3_dir, dflash_dir, k, True)
+    lens = [120, 97, 105] if k == 15 else [90, 57, 66]
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in lens[:batch]]
+    want, obs_want = _run(sync, PROMPTS[:batch], params)
+    got, obs_got = _run(asy, PROMPTS[:batch], params)
+    assert got == want
+    assert obs_got == obs_want
+    _check_metrics(sync, asy)
+    assert asy.engine.runner.num_async_spec_steps > 0
+    assert sync.engine.runner.num_async_spec_steps == 0
+    accepted = {na for nd, na in obs_want if nd == k}
+    assert 0 in accepted and len(accepted) >= 4
+    if k == 4 and batch == 3:
+        assert accepted == set(range(k + 1))  # every acceptance length
+    # drafts shortened by the budget near the end (after the pipeline drained) are verified too
+    assert any(0 < nd < k for nd, _ in obs_want)
+
+
+def test_stops_and_different_lengths(often_qwen3_dir, dflash_dir):
+    """A stop token id and a stop string hit mid-stream (picked from a free run) while the next step is in
+    flight, next to a request that runs to its max_tokens."""
+    k = 4
+    sync = _llm(often_qwen3_dir, dflash_dir, k, False)
+    asy = _llm(often_qwen3_dir, dflash_dir, k, True)
+    free = sync.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=60, ignore_eos=True))
+    toks0, text1 = free[0].outputs[0].token_ids, free[1].outputs[0].text
+    stop_tok = toks0[33]
+    first = toks0.index(stop_tok)
+    stop_str = text1[len(text1) * 2 // 3 : len(text1) * 2 // 3 + 3].strip() or text1[-3:]
+    params = [
+        SamplingParams(temperature=0, max_tokens=55, stop_token_ids=[stop_tok]),
+        SamplingParams(temperature=0, max_tokens=60, stop=[stop_str]),
+        SamplingParams(temperature=0, max_tokens=47, ignore_eos=True),
+    ]
+    n0 = asy.engine.runner.num_async_spec_steps
+    # the free run above went through the async engine too
+    asy.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=60, ignore_eos=True))
+    inflight: list[bool] = []
+
+    def on_step(eng, n):  # type: ignore[no-untyped-def]
+        inflight.append(eng._inflight_spec is not None)
+
+    want, obs_want = _run(sync, PROMPTS, params)
+    got, obs_got = _run(asy, PROMPTS, params, on_step)
+    assert got == want and obs_got == obs_want
+    _check_metrics(sync, asy)
+    assert asy.engine.runner.num_async_spec_steps > n0
+    # the stop token / stop string came while the next step was already in flight (its output discarded)
+    ends = {o[0]: i for i, step in enumerate(want) for o in step if o[1]}
+    assert inflight[ends["0"] + 1] and inflight[ends["1"] + 1]
+    finals = {o[0]: o[2][0] for step in want for o in step if o[1]}
+    assert finals["0"][2] == "stop" and finals["0"][3] == stop_tok and first > 10
+    assert finals["1"][2] == "stop" and finals["1"][3] == stop_str
+    assert finals["2"][2] == "length"
+
+
+def test_abort_mid_flight(often_qwen3_dir, dflash_dir):
+    """Abort a request while a speculative step is in flight (its blocks are freed, its in-flight output
+    discarded): step for step the same as the synchronous engine, no block leaked."""
+    k = 4
+    sync = _llm(often_qwen3_dir, dflash_dir, k, False)
+    asy = _llm(often_qwen3_dir, dflash_dir, k, True)
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (50, 44, 61)]
+    inflight: list[bool] = []
+
+    def on_step(eng, n):  # type: ignore[no-untyped-def]
+        inflight.append(eng._inflight_spec is not None)
+        if n == 5:
+            eng.abort_request("1")
+
+    want, obs_want = _run(sync, PROMPTS, params, on_step)
+    inflight.clear()
+    got, obs_got = _run(asy, PROMPTS, params, on_step)
+    assert got == want and obs_got == obs_want
+    assert inflight[5]  # the abort came with a step in flight
+    _check_metrics(sync, asy)
+    assert asy.engine.runner.num_async_spec_steps > 0
+
+
+def test_admission_drains(often_qwen3_dir, dflash_dir):
+    """A request added while a step is in flight: the pipeline drains (the in-flight step is returned first,
+    the admission comes one step later than in the synchronous engine), every request ends with the same
+    output, the same verified drafts, the same metrics, no block leaked."""
+    k = 4
+    sync = _llm(often_qwen3_dir, dflash_dir, k, False)
+    asy = _llm(often_qwen3_dir, dflash_dir, k, True)
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (50, 44, 61)]
+    inflight: list[bool] = []
+
+    def on_step(eng, n):  # type: ignore[no-untyped-def]
+        inflight.append(eng._inflight_spec is not None)
+        if n == 7:
+            eng.add_request("late", "The quick brown fox", SamplingParams(temperature=0, max_tokens=40))
+
+    want, obs_want = _run(sync, PROMPTS, params, on_step)
+    inflight.clear()
+    got, obs_got = _run(asy, PROMPTS, params, on_step)
+    assert inflight[7]
+
+    def finals(trace):  # type: ignore[no-untyped-def]
+        return sorted(o for step in trace for o in step if o[1])
+
+    assert finals(got) == finals(want) and len(finals(want)) == 4
+    assert sorted(obs_got) == sorted(obs_want)
+    _check_metrics(sync, asy)
+    assert sum(inflight) > 10  # pipelined before the admission and again after it
+
+
+def test_random_row_runs_synchronously(often_qwen3_dir, dflash_dir):
+    """A random-sampling request next to greedy ones: synchronous while it runs (same random stream as the
+    synchronous engine), pipelined once it is done."""
+    k = 4
+    sync = _llm(often_qwen3_dir, dflash_dir, k, False)
+    asy = _llm(often_qwen3_dir, dflash_dir, k, True)
+    params = [
+        SamplingParams(temperature=0, max_tokens=60, ignore_eos=True),
+        SamplingParams(temperature=0.8, max_tokens=12, ignore_eos=True),
+        SamplingParams(temperature=0, max_tokens=50, ignore_eos=True),
+    ]
+    want, obs_want = _run(sync, PROMPTS, params)
+    got, obs_got = _run(asy, PROMPTS, params)
+    assert got == want and obs_got == obs_want
+    _check_metrics(sync, asy)
+    assert asy.engine.runner.num_async_spec_steps > 0
+
+
+def test_off_by_default_on_cpu_and_follows_async_scheduling(often_qwen3_dir, dflash_dir):
+    spec = {"method": "dflash", "model": dflash_dir, "num_speculative_tokens": 4}
+    kw = dict(dtype="float32", device="cpu", max_num_seqs=2, padded_decode=True, speculative_config=spec)
+    assert not LLM(often_qwen3_dir, **kw).engine.runner.async_spec  # type: ignore[arg-type]
+    assert LLM(often_qwen3_dir, async_scheduling=True, **kw).engine.runner.async_spec  # type: ignore[arg-type]
