@@ -130,6 +130,7 @@ def run_config(
         enable_prefix_caching=False,
         enforce_eager=eager,
         gpu_memory_utilization=0.6,
+        async_spec=True,  # measured on, then off in the same run (opt-in in the engine until measured)
     )
     eng = llm.engine
     weight_bytes = sum(p.numel() * p.element_size() for p in eng.runner.model.parameters())

@@ -243,7 +243,7 @@ class EngineConfig:
     # CUDA graphs, True = wherever the padded path runs (CPU tests), False = off
     async_scheduling: bool | None = None
     # fused greedy DFlash steps: launch verify step N+1 (inputs built on the device from N's output) before N's
-    # tokens reach the host; None = follow async_scheduling, True / False = on / off (needs the fused step)
+    # tokens reach the host; True = on (needs the fused step); None / False = off (opt-in until measured on a GPU)
     async_spec: bool | None = None
 
     def __post_init__(self) -> None:

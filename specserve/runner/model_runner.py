@@ -361,10 +361,8 @@ class ModelRunner:
         self._async_events = [torch.cuda.Event() if cuda else None for _ in range(2)]
         self._async_flip = 0
         # async fused speculative steps (see launch_spec): likewise, rows of q + 1 + K
-        want = cfg.async_spec if cfg.async_spec is not None else cfg.async_scheduling
-        if want is None:
-            want = capture
-        self.async_spec = bool(want) and self.use_fused_step
+        # opt-in (None = off) until it has been measured on a GPU: CPU-tested only
+        self.async_spec = bool(cfg.async_spec) and self.use_fused_step
         self._spec_host = [
             torch.zeros((max_b, 2 * k + 2), dtype=torch.int64, pin_memory=cuda) for _ in range(2)
         ]

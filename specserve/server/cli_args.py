@@ -192,7 +192,7 @@ def make_arg_parser() -> OneLineArgumentParser:
         action=argparse.BooleanOptionalAction,
         default=None,
         help="Launch the next fused greedy DFlash step before the current one's tokens reach the host "
-        "(default: follows --async-scheduling).",
+        "(default: off; opt-in until it has been measured on a GPU).",
     )
     e.add_argument(
         "--load-format",
