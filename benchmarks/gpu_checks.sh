@@ -25,24 +25,7 @@ SPECSERVE_FUSED_KERNELS=1 timeout 170 python benchmarks/step_latency.py --config
     --batches 1 --max-tokens 32 --configs plain dflash:15 eagle3:7 \
     --out "$OUT/step_latency-fused1.json" 2>&1 | grep -v "^\[transformers\]\|^{" | tee "$OUT/step_latency-fused1.log"
 say "step latency with SPECSERVE_FUSED_KERNELS=1"
-SMOL="$CFG/smollm2" timeout 90 python - <<'PY' 2>&1 | grep -v "^\[transformers\]" | tee "$OUT/sampling_in_graph.log"
-import os, time
-from specserve import LLM, SamplingParams
-for spec in (None, {"method": "dflash", "model": "specserve/assets/smollm2-135m-dflash", "num_speculative_tokens": 15}):
-    llm = LLM(os.environ["SMOL"], load_format="dummy", dtype="bfloat16", device="cuda", max_num_seqs=8,
-              enable_prefix_caching=False, speculative_config=spec)
-    r = llm.engine.runner
-    prompts = [{"prompt_token_ids": list(range(100 + i, 140 + i))} for i in range(8)]
-    for temp in (0.0, 0.8):
-        sp = SamplingParams(temperature=temp, max_tokens=128, ignore_eos=True)
-        llm.generate(prompts[:1], SamplingParams(temperature=temp, max_tokens=8))
-        s0, f0, t0 = r.num_sampling_steps, r.num_fast_steps, time.perf_counter()
-        n = sum(len(o.outputs[0].token_ids) for o in llm.generate(prompts, sp))
-        dt = time.perf_counter() - t0
-        print(f"{'plain' if spec is None else 'dflash K=15'} T={temp} batch 8: {n / dt:.0f} tok/s, "
-              f"graph steps {r.num_fast_steps - f0} (sampling {r.num_sampling_steps - s0})", flush=True)
-    del llm
-PY
+timeout 90 python benchmarks/sampling_in_graph.py "$CFG/smollm2" 2>&1 | grep -v "^\[transformers\]" | tee "$OUT/sampling_in_graph.log"
 say "sampling in the graphs"
 timeout 110 python benchmarks/bench_dflash_attention.py --iters 3 2>&1 | tee "$OUT/bench_dflash_attention.log"
 say "done"

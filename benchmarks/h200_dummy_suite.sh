@@ -19,24 +19,7 @@ D=specserve/assets/smollm2-135m-dflash; E=specserve/assets/smollm2-135m-eagle3
 timeout "${LOSSLESS_TIME:-110}" python benchmarks/lossless_gpu.py --model "$CFG/smollm2" --dummy --dflash $D --eagle3 $E \
     --out "$W/lossless_gpu-h200.json" 2>&1 | tee "$W/lossless_gpu-raw.log" | grep -v "^\[transformers\]\|^{" | tee "$W/lossless_gpu-h200.log"
 say "lossless"
-SMOL="$CFG/smollm2" timeout "${SAMPLING_TIME:-45}" python - <<'PY' 2>&1 | grep -v "^\[transformers\]" | tee "$W/sampling_in_graph.log"
-import os, time
-from specserve import LLM, SamplingParams
-for spec in (None, {"method": "dflash", "model": "specserve/assets/smollm2-135m-dflash", "num_speculative_tokens": 15}):
-    llm = LLM(os.environ["SMOL"], load_format="dummy", dtype="bfloat16", device="cuda", max_num_seqs=8,
-              enable_prefix_caching=False, speculative_config=spec)
-    r = llm.engine.runner
-    prompts = [{"prompt_token_ids": list(range(100 + i, 140 + i))} for i in range(8)]
-    for temp in (0.0, 0.8):
-        sp = SamplingParams(temperature=temp, max_tokens=128, ignore_eos=True)
-        llm.generate(prompts[:1], SamplingParams(temperature=temp, max_tokens=8))
-        s0, f0, t0 = r.num_sampling_steps, r.num_fast_steps, time.perf_counter()
-        n = sum(len(o.outputs[0].token_ids) for o in llm.generate(prompts, sp))
-        dt = time.perf_counter() - t0
-        print(f"{'plain' if spec is None else 'dflash K=15'} T={temp} batch 8: {n / dt:.0f} tok/s, "
-              f"graph steps {r.num_fast_steps - f0} (sampling {r.num_sampling_steps - s0})", flush=True)
-    del llm
-PY
+timeout "${SAMPLING_TIME:-45}" python benchmarks/sampling_in_graph.py "$CFG/smollm2" 2>&1 | grep -v "^\[transformers\]" | tee "$W/sampling_in_graph.log"
 say "sampling in the graphs"
 timeout "${STEP_TIME:-190}" python benchmarks/step_latency.py --config-dir "$CFG/qwen3-8b" --batches 1 2 4 8 \
     --max-tokens 48 --configs plain dflash:4 dflash:15 eagle3:4 eagle3:7 --out "$W/step_latency-h200.json" 2>&1 \

@@ -392,19 +392,8 @@ class LLMEngine:
         now = time.monotonic()
         for s, tok in zip(step.items, tokens):
             req = s.req
-            if req.is_finished:
-                continue
-            if req.first_token_time is None:
-                req.first_token_time = now
-                self.prompt_tokens_total += req.num_prompt_tokens
-            self._append_tokens(req, [tok], None)
-            touched.add(req.parent_id or req.request_id)
-            if req.is_finished:
-                # blocks freed after the next step (which may write one of them) was enqueued: stream-ordered
-                self.scheduler.finish(req, req.status)
-                self.request_success[req.status.value] = self.request_success.get(req.status.value, 0) + 1
-            else:
-                self.block_manager.cache_full_blocks(req)
+            if not req.is_finished:
+                self._commit(req, [tok], None, now, touched)
         self._maybe_log()
         return self._outputs_for(touched)
 
@@ -471,17 +460,7 @@ class LLMEngine:
                 self.spec_stats.observe(nd, n_acc)
             max_drafts = max(0, self.runner._draft_budget(req, len(toks)))
             req.num_computed_tokens += 1 + n_acc
-            if req.first_token_time is None:
-                req.first_token_time = now
-                self.prompt_tokens_total += req.num_prompt_tokens
-            self._append_tokens(req, toks, None)
-            touched.add(req.parent_id or req.request_id)
-            if req.is_finished:
-                # blocks freed after the next step (which may write them) was enqueued: stream-ordered
-                self.scheduler.finish(req, req.status)
-                self.request_success[req.status.value] = self.request_success.get(req.status.value, 0) + 1
-            else:
-                self.block_manager.cache_full_blocks(req)
+            if self._commit(req, toks, None, now, touched):
                 d = vals[q + 1 : q + 1 + max_drafts]
                 req.spec_token_ids = d if d and d[0] >= 0 else []
         self._maybe_log()
@@ -509,19 +488,33 @@ class LLMEngine:
                 self.spec_stats.observe(out.num_draft, out.num_accepted)
             # tokens run through the target and committed: the chunk plus the accepted drafts
             req.num_computed_tokens += s.num_new_tokens + out.num_accepted
-            if req.first_token_time is None:
-                req.first_token_time = now
-                self.prompt_tokens_total += req.num_prompt_tokens
-            self._append_tokens(req, out.new_token_ids, out.logprobs)
-            touched.add(req.parent_id or req.request_id)
-            if req.is_finished:
-                self.scheduler.finish(req, req.status)
-                self.request_success[req.status.value] = self.request_success.get(req.status.value, 0) + 1
-            else:
-                self.block_manager.cache_full_blocks(req)
+            if self._commit(req, out.new_token_ids, out.logprobs, now, touched):
                 req.spec_token_ids = result.drafts.get(req.request_id, [])
         self._maybe_log()
         return self._outputs_for(touched)
+
+    def _commit(
+        self,
+        req: Request,
+        tokens: list[int],
+        logprobs: list[tuple[float, int, list[int], list[float]]] | None,
+        now: float,
+        touched: set[str],
+    ) -> bool:
+        """Append a step's tokens to req (stops, metrics), then finish it or cache its full blocks; True while it
+        keeps running. An async step's request finishes while the next step is enqueued: freeing its blocks is
+        still safe (device work is stream-ordered)."""
+        if req.first_token_time is None:
+            req.first_token_time = now
+            self.prompt_tokens_total += req.num_prompt_tokens
+        self._append_tokens(req, tokens, logprobs)
+        touched.add(req.parent_id or req.request_id)
+        if req.is_finished:
+            self.scheduler.finish(req, req.status)
+            self.request_success[req.status.value] = self.request_success.get(req.status.value, 0) + 1
+            return False
+        self.block_manager.cache_full_blocks(req)
+        return True
 
     def _append_tokens(
         self,
