@@ -127,9 +127,10 @@ def test_long_sequence_is_fast() -> None:
         out = ngram_propose(toks, 1, 8, 5)
     elapsed = (time.perf_counter() - t0) / 20
     assert out == toks[1010:1015].tolist()  # the 8-gram (max_n) match ends at index 1009
-    assert elapsed < 0.01, f"{elapsed * 1e3:.2f} ms per call"
+    # generous bounds (a loaded CI machine): they only catch a quadratic pure-Python scan, which takes seconds
+    assert elapsed < 0.1, f"{elapsed * 1e3:.2f} ms per call"
     # highly repetitive input (worst case for the number of surviving candidates)
     rep = np.zeros(8192, dtype=np.int64)
     t0 = time.perf_counter()
     assert ngram_propose(rep, 1, 8, 4) == [0, 0, 0, 0]
-    assert time.perf_counter() - t0 < 0.05
+    assert time.perf_counter() - t0 < 0.5
