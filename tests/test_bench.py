@@ -117,7 +117,9 @@ def test_bench_serve_mt_bench_with_speculation(spec_server: str, tmp_path: Path,
     assert 4 <= total_out <= 32
     # The report prints the duration rounded to 2 decimals (vLLM's format): the throughput must lie between the
     # token count divided by the largest and the smallest duration that rounds to the printed one.
-    assert total_out / (duration + 0.005) - 0.01 <= throughput <= total_out / max(duration - 0.005, 1e-9) + 0.01
+    assert (
+        total_out / (duration + 0.005) - 0.01 <= throughput <= total_out / max(duration - 0.005, 1e-9) + 0.01
+    )
     for header in ("Time to First Token", "Time per Output Token (excl. 1st token)", "Inter-token Latency"):
         assert "{s:{c}^{n}}".format(s=header, n=50, c="-") in report
     assert "---------------Speculative Decoding---------------" in report
