@@ -20,7 +20,7 @@ from specserve.train.data import (
     pick_mask_token_id,
 )
 from specserve.train.export import export_drafter, load_drafter
-from specserve.train.losses import Eagle3Objective, build_dflash_blocks, sample_anchors
+from specserve.train.losses import Eagle3Objective, build_dflash_blocks, chain_acceptance, sample_anchors
 from specserve.train.models import DFlashConfig, DFlashDrafter, Eagle3Config, Eagle3Drafter, apply_rope
 from specserve.train.target import TrainError
 
@@ -689,6 +689,80 @@ def test_max_time_shrinks_the_schedule_to_the_budget(tmp_path, tiny):
                  "--max-time", "-1"]) == 2  # fmt: skip
 
 
+def test_chain_acceptance_walks_in_inference_order():
+    # runs at every anchor 10..19 of a response spanning positions 10..19 (end 20)
+    runs = {a: 0 for a in range(10, 20)}
+    assert chain_acceptance(runs, 10, 20) == (
+        8,
+        8,
+    )  # no draft accepted: one token per step; the last is plain
+    runs.update({10: 3, 14: 2})
+    # 10 -> accepts 3 (+ bonus) -> 14 -> accepts 2 -> 17 -> 0 -> 18 (the last token, 19, has no draft)
+    assert chain_acceptance(runs, 10, 20) == (8, 3)
+    runs[10] = 15  # a run past the end is capped by the drafts allowed before max_tokens: 8 + the bonus
+    assert chain_acceptance(runs, 10, 20) == (9, 1)
+    # anchors the walk jumps over do not count (uniform-anchor average would): only 10 and 14 here
+    assert chain_acceptance({10: 3, 11: 0, 12: 0, 13: 0, 14: 0, 15: 0}, 10, 17) == (5, 2)
+    # a gap (another turn) resumes at the next anchor: 2, 3, then 8 (accepts 1 + bonus)
+    assert chain_acceptance({2: 0, 3: 0, 8: 1, 9: 0}, 2, 11) == (4, 3)
+    assert chain_acceptance({}, 0, 5) == (0, 0)
+
+
+def test_validation_set_tracks_held_out_acceptance(tmp_path, tiny):
+    """--val-samples holds samples out of training and validates before, every --eval-every steps and after;
+    held-out loss falls and acceptance (all-anchor and inference-order) rises on this learnable data."""
+    out = tmp_path / "o"
+    res = run(parse_args(_dflash_args(tiny, str(out), "--max-steps", "30", "--epochs", "100",
+                                      "--val-samples", "8", "--eval-every", "10")))  # fmt: skip
+    vh = res.metrics["val_history"]
+    assert [v["step"] for v in vh] == [0, 10, 20, 30]
+    assert all(v["samples"] == 8 and len(v["acc"]) == 3 for v in vh)
+    assert vh[-1]["loss"] < vh[0]["loss"] - 0.5
+    assert vh[-1]["chain_tau"] > vh[0]["chain_tau"] + 0.5 and vh[-1]["tau"] > vh[0]["tau"] + 0.5
+    assert 1.0 <= vh[-1]["chain_tau"] <= 4.0
+    info = json.loads((out / "training.json").read_text())
+    assert info["data"]["samples"] == 40 and info["data"]["validation"]["samples"] == 8
+    assert info["train"]["val"] == vh[-1] and info["val_history"] == vh
+    # --val-data: an explicit (gzipped) file; the training data stays whole
+    import gzip
+
+    vfile = tmp_path / "val.jsonl.gz"
+    with gzip.open(vfile, "wt") as f, open(tiny["data"]) as src:
+        f.writelines(src.readlines()[:3])
+    res2 = run(
+        parse_args(_dflash_args(tiny, str(tmp_path / "v"), "--max-steps", "2", "--val-data", str(vfile)))
+    )
+    assert [v["step"] for v in res2.metrics["val_history"]] == [0, 2]
+    assert res2.metrics["val_history"][0]["samples"] == 3
+    eag = run(parse_args(_eagle_args(tiny, str(tmp_path / "e"), "--max-steps", "2", "--val-samples", "4")))
+    assert [len(v["acc"]) for v in eag.metrics["val_history"]] == [3, 3]
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ("--val-samples", "4", "--val-data", "x.jsonl"),
+        (
+            "--eval-every",
+            "5",
+        ),
+        (
+            "--val-samples",
+            "48",
+        ),
+        ("--val-data", "missing.jsonl"),
+        (
+            "--val-samples",
+            "-1",
+        ),
+    ],
+)
+def test_validation_user_errors(tmp_path, tiny, capsys, extra):
+    assert main(_dflash_args(tiny, str(tmp_path / "o"), "--max-steps", "1", *extra)) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("specserve train: error: ")
+
+
 # ------------------------------------------------------------------------------------------ export
 
 
@@ -783,7 +857,9 @@ def _ddp_worker(rank: int, world: int, port: int, argv: list[str], out_dir: str)
 def test_ddp_two_cpu_processes_stay_in_sync(tmp_path, tiny):
     import torch.multiprocessing as mp
 
-    argv = _dflash_args(tiny, str(tmp_path / "o"), "--max-steps", "2", "--device", "cpu")
+    argv = _dflash_args(
+        tiny, str(tmp_path / "o"), "--max-steps", "2", "--device", "cpu", "--val-samples", "5"
+    )
     # fork: the children inherit the imported torch / transformers (spawn would re-import them, ~10 s each)
     mp.start_processes(
         _ddp_worker, args=(2, _free_port(), argv, str(tmp_path)), nprocs=2, join=True, start_method="fork"
@@ -797,6 +873,17 @@ def test_ddp_two_cpu_processes_stay_in_sync(tmp_path, tiny):
     assert not torch.equal(s0["fc.weight"], init["fc.weight"])  # it trained
     info = json.loads((tmp_path / "o" / "training.json").read_text())
     assert info["world_size"] == 2 and info["train"]["steps"] == 2
+    # validation is sharded over the ranks (3 + 2 samples) and all-reduced: before training (same initial
+    # weights) it equals a single process's validation of all 5
+    assert [v["step"] for v in info["val_history"]] == [0, 2] and info["data"]["validation"]["samples"] == 5
+    single = run(
+        parse_args(_dflash_args(tiny, str(tmp_path / "s"), "--max-steps", "1", "--val-samples", "5"))
+    )
+    v_ddp, v_one = info["val_history"][0], single.metrics["val_history"][0]
+    assert v_ddp["samples"] == v_one["samples"] == 5
+    for key in ("loss", "tau", "chain_tau"):
+        assert v_ddp[key] == pytest.approx(v_one[key], rel=1e-4), key
+    assert v_ddp["acc"] == pytest.approx(v_one["acc"], abs=1e-4)
 
 
 def _dflash_init_state(tiny: dict[str, str], tmp_path) -> dict[str, torch.Tensor]:

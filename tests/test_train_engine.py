@@ -137,3 +137,38 @@ def test_engine_dflash_drafts_equal_training_module(tiny_qwen3_dir, trained, smo
         )
         train_drafts = hf.lm_head(out[0, 1:]).argmax(-1).tolist()
     assert engine_drafts == train_drafts
+
+
+@pytest.mark.parametrize("method,k", [("dflash", 7), ("eagle3", 3)])
+def test_validation_chain_tau_equals_engine_acceptance(often_qwen3_dir, trained, smol_tokenizer, method, k):
+    """The trainer's validation ``chain_tau`` on the target's own greedy outputs is exactly the acceptance
+    length the engine reports when it decodes the same prompts with that drafter (fp32): validation during
+    training predicts serving acceptance, with no engine run (``tau``, the all-anchor average, is not it).
+    The target is the tiny one with two boosted LM-head rows, so drafts are right about half the time."""
+    from specserve.train.data import Sample
+    from specserve.train.target import load_target
+    from specserve.train.trainer import TrainArgs, Trainer
+
+    sp = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    prompts = [smol_tokenizer(p).input_ids for p in PROMPTS + ["1 2 3 1 2 3 1 2 3", "Hello world"]]
+    llm = LLM(
+        often_qwen3_dir,
+        dtype="float32",
+        device="cpu",
+        speculative_config={"method": method, "model": trained[method], "num_speculative_tokens": k},
+    )
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], sp)
+    m = llm.get_metrics()
+    engine_tau = 1 + m["spec_decode_num_accepted_tokens"] / m["spec_decode_num_drafts"]
+    val = [
+        Sample(p + list(o.outputs[0].token_ids), [0] * len(p) + [1] * len(o.outputs[0].token_ids))
+        for p, o in zip(prompts, outs)
+    ]
+    target = load_target(often_qwen3_dir, "cpu", torch.float32)
+    drafter = load_drafter(trained[method])
+    ids = drafter.config.target_layer_ids
+    target.tap_indices = [i + 1 for i in ids] if method == "dflash" else list(ids)
+    args = TrainArgs(work_dir="unused", batch_size=2, num_anchors=8, ttt_steps=k, progress=False)
+    v = Trainer(drafter, target, val[:1], args, val_samples=val).evaluate()
+    assert v["samples"] == len(val) and len(v["acc"]) == k
+    assert 1.0 < engine_tau and v["chain_tau"] == pytest.approx(engine_tau, abs=1e-4), (v, m)

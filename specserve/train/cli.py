@@ -14,6 +14,7 @@ import argparse
 import datetime
 import json
 import os
+import random
 import sys
 import time
 from dataclasses import dataclass, field
@@ -83,6 +84,19 @@ def build_parser() -> argparse.ArgumentParser:
         "--self-prompts", type=int, default=0, metavar="N", help="add N questions the target writes"
     )
     g.add_argument("--data", default=None, help="reuse a generated samples .jsonl (skip generation)")
+    g.add_argument(
+        "--val-data",
+        default=None,
+        help="validation samples .jsonl[.gz] (as written by generation): loss, accuracy and acceptance "
+        "before, during (--eval-every) and after training",
+    )
+    g.add_argument(
+        "--val-samples",
+        type=int,
+        default=0,
+        metavar="N",
+        help="hold N random samples of the training data out as the validation set (instead of --val-data)",
+    )
     g.add_argument("--output", required=True, help="export directory (config.json, model.safetensors)")
     g.add_argument("--work-dir", default=None, help="checkpoints + generated data (default: --output)")
     g.add_argument("--num-prompts", type=int, default=None, help="cap on the prompts read from files")
@@ -136,6 +150,13 @@ def build_parser() -> argparse.ArgumentParser:
         "sdpa (dense-mask reference); auto: flex on CUDA with a one-time fallback to split, split on CPU",
     )
     o.add_argument("--log-every", type=int, default=10)
+    o.add_argument(
+        "--eval-every",
+        type=int,
+        default=0,
+        metavar="N",
+        help="validate every N steps (0: only before and after training); needs --val-data or --val-samples",
+    )
     r = p.add_argument_group("runtime")
     r.add_argument("--device", default=None, help="cuda / cpu (default: cuda if available)")
     r.add_argument(
@@ -179,6 +200,14 @@ def _validate(a: argparse.Namespace) -> None:
         raise TrainError("give --prompts FILE... (and/or --self-prompts N) or --data FILE")
     if a.data is not None and not os.path.isfile(a.data):
         raise TrainError(f"data file not found: {a.data}")
+    positive("val_samples", a.val_samples, allow_zero=True)
+    positive("eval_every", a.eval_every, allow_zero=True)
+    if a.val_data is not None and a.val_samples:
+        raise TrainError("give either --val-data or --val-samples, not both")
+    if a.val_data is not None and not os.path.isfile(a.val_data):
+        raise TrainError(f"validation data file not found: {a.val_data}")
+    if a.eval_every and a.val_data is None and not a.val_samples:
+        raise TrainError("--eval-every needs a validation set (--val-data FILE or --val-samples N)")
     if a.target is not None and not a.target.endswith(".gguf") and os.path.sep in a.target:
         if not os.path.exists(a.target):
             raise TrainError(f"target not found: {a.target}")
@@ -505,6 +534,22 @@ def run(a: argparse.Namespace) -> TrainResult:
                 gen_stats = json.load(f)
     if a.generate_only:
         return TrainResult(None, a.output, data_path, dict(generation=gen_stats))
+    val: list[Sample] = []
+    val_source = None
+    if a.val_data is not None:
+        val, val_source = load_samples(a.val_data), os.path.abspath(a.val_data)
+    elif a.val_samples:
+        if a.val_samples >= len(samples):
+            raise TrainError(
+                f"--val-samples {a.val_samples} leaves no training data ({len(samples)} samples)"
+            )
+        # a split that depends only on the data (not on --seed): continued runs keep the same held-out samples
+        order = list(range(len(samples)))
+        random.Random(f"val-split:{len(samples)}").shuffle(order)
+        held = set(order[: a.val_samples])
+        val = [s for i, s in enumerate(samples) if i in held]
+        samples = [s for i, s in enumerate(samples) if i not in held]
+        val_source = f"{a.val_samples} samples held out of {os.path.abspath(data_path)}"
     if target is None:
         target = load_target(target_path, device, dtype)
     if tokenizer is None and a.method == "dflash" and a.mask_token_id is None:
@@ -512,9 +557,10 @@ def run(a: argparse.Namespace) -> TrainResult:
             tokenizer = load_tokenizer(target_path)
         except Exception:  # noqa: BLE001 - a tokenizer only refines the mask-token choice
             tokenizer = None
-    for s in samples:
-        if max(s.input_ids) >= target.vocab_size or min(s.input_ids) < 0:
-            raise TrainError(f"{data_path}: token ids outside the target vocab ({target.vocab_size})")
+    for path, group in ((data_path, samples), (a.val_data, val)):
+        for s in group:
+            if max(s.input_ids) >= target.vocab_size or min(s.input_ids) < 0:
+                raise TrainError(f"{path}: token ids outside the target vocab ({target.vocab_size})")
     drafter = _init_drafter(a, target) if a.init_from else _build_drafter(a, target, samples, tokenizer)
     targs = TrainArgs(
         work_dir=work,
@@ -537,8 +583,9 @@ def run(a: argparse.Namespace) -> TrainResult:
         stop_after=a.stop_after,
         max_time=a.max_time,
         progress=not a.no_progress,
+        eval_every=a.eval_every,
     )
-    trainer = Trainer(drafter, target, samples, targs)
+    trainer = Trainer(drafter, target, samples, targs, val_samples=val)
     n_params = sum(p.numel() for p in drafter.parameters())
     _log(
         f"{a.method}: {n_params / 1e6:.2f}M trainable params, {len(samples)} samples, "
@@ -557,12 +604,20 @@ def run(a: argparse.Namespace) -> TrainResult:
                 loss_tokens=sum(sum(s.loss_mask) for s in samples),
                 prompts=a.prompts,
                 generation=gen_stats,
+                validation=dict(
+                    source=val_source,
+                    samples=len(val),
+                    loss_tokens=sum(sum(s.loss_mask) for s in val),
+                )
+                if val
+                else None,
             ),
             params=n_params,
             world_size=world,
             args={k: v for k, v in vars(a).items() if k != "argv"},
-            train={k: v for k, v in metrics.items() if k != "history"},
+            train={k: v for k, v in metrics.items() if k not in ("history", "val_history")},
             history=metrics["history"],
+            val_history=metrics["val_history"],
         )
         paths = export_drafter(drafter, a.output, info)
         size = os.path.getsize(paths["weights"])

@@ -4,6 +4,7 @@ JSONL samples ``{"input_ids": [...], "loss_mask": [...]}`` and length-grouped (o
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import random
@@ -247,7 +248,8 @@ def load_samples(path: str) -> list[Sample]:
     if not os.path.isfile(path):
         raise TrainError(f"data file not found: {path}")
     out = []
-    with open(path, encoding="utf-8") as f:
+    opener: Any = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8") as f:
         for i, line in enumerate(f):
             if not line.strip():
                 continue

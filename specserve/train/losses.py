@@ -57,6 +57,34 @@ def _accept_length(correct: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     return run.sum().float()
 
 
+def chain_acceptance(runs: dict[int, int], start: int, end: int) -> tuple[int, int]:
+    """Acceptance in inference order from per-anchor runs: ``(tokens, steps)``.
+
+    ``runs[a]`` is the number of leading drafted tokens that match the sequence when drafting from anchor ``a``
+    (the last known token). Decoding starts at ``start`` (the first response token, which the target's prefill
+    produced) and produces the tokens up to ``end - 1``. A step from anchor ``a`` drafts at most
+    ``end - 2 - a`` tokens (as the engine and vLLM do: no drafts past max_tokens; the last token comes from a
+    plain step, which has no drafts and does not count), commits the accepted drafts plus the target's bonus
+    token and moves past them. So ``tokens / steps`` is the mean acceptance length (vLLM's
+    ``1 + accepted / drafts``) that greedy decoding of this sequence with this drafter reports, unlike the
+    all-anchor average, which also counts anchors that decoding jumps over (those right after a rejection
+    are harder on average).
+    """
+    a, tokens, steps = start, 0, 0
+    while a < end - 2:
+        if a not in runs:  # a gap in the loss mask (another turn): resume at the next anchor
+            nxt = [x for x in runs if x > a]
+            if not nxt:
+                break
+            a = min(nxt)
+            continue
+        n = min(runs[a], end - 2 - a) + 1
+        tokens += n
+        steps += 1
+        a += n
+    return tokens, steps
+
+
 # ------------------------------------------------------------------------------------------ DFlash
 
 
@@ -167,7 +195,9 @@ class DFlashObjective(nn.Module):
         loss_mask: torch.Tensor,
         anchors: torch.Tensor,
         valid: torch.Tensor,
+        return_runs: bool = False,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """``return_runs``: also ``stats["runs"]`` ``[B, N]``, each anchor's leading run of correct drafts."""
         b, s = input_ids.shape
         k = self.block_size
         blk = build_dflash_blocks(input_ids, loss_mask, anchors, valid, k, self.mask_token_id)
@@ -202,6 +232,9 @@ class DFlashObjective(nn.Module):
             accept_sum=accept,
             chains=chains.sum().float(),
         )
+        if return_runs:
+            with torch.no_grad():
+                stats["runs"] = torch.cumprod((corr_full & ok_full).long(), -1).sum(-1).view(b, n)
         return loss, stats
 
 
@@ -234,8 +267,10 @@ class Eagle3Objective(nn.Module):
         self.ce_chunk = ce_chunk
 
     def forward(
-        self, taps: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.Tensor
+        self, taps: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.Tensor, return_runs: bool = False
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """``return_runs``: also ``stats["runs"]`` ``[B, S]``: at index t, the leading run of correct drafts from
+        anchor ``t + 1`` (the drafter at t reads token ``x_{t+1}`` and drafts ``x_{t+2}``, ...)."""
         d = self.drafter
         b, s = input_ids.shape
         dev = input_ids.device
@@ -290,6 +325,10 @@ class Eagle3Objective(nn.Module):
             accept_sum=accept,
             chains=chains.sum().float(),
         )
+        if return_runs:
+            with torch.no_grad():
+                run = torch.cumprod((correct_all & ok_all).long(), 0).sum(0)  # [B, S]
+                stats["runs"] = run
         return loss, stats
 
 

@@ -17,7 +17,13 @@ import torch.distributed as dist
 from torch import nn
 
 from specserve.train.data import Sample, batch_plan, collate
-from specserve.train.losses import DFlashObjective, Eagle3Objective, sample_anchors, summarize
+from specserve.train.losses import (
+    DFlashObjective,
+    Eagle3Objective,
+    chain_acceptance,
+    sample_anchors,
+    summarize,
+)
 from specserve.train.models import ATTN_BACKENDS, DFlashDrafter, Eagle3Drafter
 from specserve.train.target import Target, TrainError
 
@@ -48,6 +54,7 @@ class TrainArgs:
     stop_after: int | None = None  # stop early (as if interrupted) after this step; schedule unchanged
     max_time: float | None = None  # wall-clock budget (s): the schedule shrinks to fit it
     progress: bool = True
+    eval_every: int = 0  # validation every N steps (0: only before and after training); needs val samples
 
 
 def dist_info() -> tuple[int, int, int]:
@@ -71,12 +78,14 @@ class Trainer:
         target: Target,
         samples: list[Sample],
         args: TrainArgs,
+        val_samples: list[Sample] | None = None,
     ) -> None:
         self.rank, self.world, self.local_rank = dist_info()
         self.args = args
         self.target = target
         self.device = target.device
         self.samples = samples
+        self.val_samples = list(val_samples or [])
         self.lengths = [min(len(s.input_ids), args.max_length) for s in samples]
         self.drafter = drafter.to(self.device)
         self.is_dflash = isinstance(drafter, DFlashDrafter)
@@ -122,6 +131,7 @@ class Trainer:
         self.generator = torch.Generator().manual_seed(args.seed * 7919 + self.rank)
         self.step = 0
         self.history: list[dict[str, Any]] = []
+        self.val_history: list[dict[str, Any]] = []
         self.tokens_seen = 0
 
     # ------------------------------------------------------------------ checkpoints
@@ -152,6 +162,7 @@ class Trainer:
             world_size=self.world,
             tokens_seen=self.tokens_seen,
             history=self.history,
+            val_history=self.val_history,
             rng=dict(
                 generators=gen_states,
                 torch=torch.get_rng_state(),
@@ -174,6 +185,7 @@ class Trainer:
         self.step = int(state["step"])
         self.tokens_seen = int(state.get("tokens_seen", 0))
         self.history = list(state.get("history", []))
+        self.val_history = list(state.get("val_history", []))
         rng = state["rng"]
         gens = rng["generators"]
         if len(gens) == self.world:
@@ -251,6 +263,108 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         return self._forward_backward(*inputs)
 
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, Any]:
+        """Loss, per-position accuracy and acceptance on the validation samples (every anchor, no sampling).
+
+        ``tau`` averages over all anchors (the training proxy); ``chain_tau`` walks each sequence in inference
+        order (:func:`chain_acceptance`): the mean acceptance length greedy decoding of these responses with this
+        drafter reports (the engine's ``1 + accepted / drafts``, up to bf16 rounding), since the responses are the
+        target's own greedy outputs. Each rank evaluates a shard; the sums are all-reduced.
+        """
+        args = self.args
+        obj = self.objective
+        was_training = self.drafter.training
+        self.drafter.eval()
+        mine = list(range(self.rank, len(self.val_samples), self.world))
+        sums: dict[str, torch.Tensor] = {}
+        loss_sum = torch.zeros((), device=self.device)
+        loss_n = torch.zeros((), device=self.device)
+        chain = torch.zeros(2, device=self.device)  # tokens, steps
+        backend = str(getattr(obj, "backend", "split"))
+        if self.is_dflash:
+            obj.backend = "split"  # no FlexAttention recompiles for the odd shapes of a validation pass
+        try:
+            bs = max(1, min(args.batch_size, 8))  # every anchor of a sequence at once: keep the batch small
+            for i in range(0, len(mine), bs):
+                idx = mine[i : i + bs]
+                ids, mask = collate(self.val_samples, idx, args.max_length)
+                ids, mask = ids.to(self.device), mask.to(self.device)
+                taps = self.target.features(ids)
+                all_stats, anchor_runs = self._eval_batch(taps, ids, mask)
+                for stats in all_stats:
+                    for k, v in stats.items():
+                        if k in ("loss", "runs"):
+                            continue
+                        sums[k] = sums[k] + v.float() if k in sums else v.float().clone()
+                    w = stats["pos_total"].sum()
+                    loss_sum += stats["loss"].float() * w
+                    loss_n += w
+                for row, runs in enumerate(anchor_runs):
+                    if not runs:
+                        continue
+                    resp = mask[row].bool().nonzero().flatten()
+                    tokens, steps = chain_acceptance(runs, int(resp[0]), int(resp[-1]) + 1)
+                    chain += torch.tensor([tokens, steps], device=self.device, dtype=chain.dtype)
+        finally:
+            if self.is_dflash:
+                obj.backend = backend
+            self.drafter.train(was_training)
+        if not sums:  # this rank had no validation samples (more ranks than samples)
+            n_pos = (self.drafter.config.block_size - 1) if self.is_dflash else args.ttt_steps
+            sums = {
+                k: torch.zeros(n_pos if k.startswith("pos_") else (), device=self.device)
+                for k in ("pos_correct", "pos_total", "accept_sum", "chains")
+            }
+        sums["loss_sum"], sums["loss_n"], sums["chain"] = loss_sum, loss_n, chain
+        if self.world > 1:
+            for v in sums.values():
+                dist.all_reduce(v)
+        sums["loss"] = sums.pop("loss_sum") / sums.pop("loss_n").clamp(min=1)
+        tok, steps = sums.pop("chain").tolist()
+        out = summarize(sums)
+        out["chain_tau"] = round(tok / steps, 4) if steps else float("nan")
+        out["samples"] = len(self.val_samples)
+        return out
+
+    def _eval_batch(
+        self, taps: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor
+    ) -> tuple[list[dict[str, torch.Tensor]], list[dict[int, int]]]:
+        """One validation batch -> (stats of each forward, per row {anchor: run}); DFlash runs every anchor of
+        the response, in windows of ``num_anchors`` per forward."""
+        b, s = ids.shape
+        m = mask.bool()
+        ok = torch.zeros_like(m)
+        ok[:, :-1] = m[:, :-1] & m[:, 1:]  # anchors a with a and a+1 in the response (as in training)
+        if not self.is_dflash:
+            with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
+                _, stats = self.objective(taps, ids, mask, return_runs=True)
+            runs = stats["runs"].tolist()
+            okl = ok.tolist()
+            # index t drafts from anchor t + 1; the first anchor is the first response token
+            rows = [{t + 1: runs[r][t] for t in range(s - 1) if okl[r][t + 1]} for r in range(b)]
+            return [stats], rows
+        n = int(ok.sum(1).max())
+        rows = [{} for _ in range(b)]
+        if n == 0:
+            return [], rows
+        order = torch.where(ok, torch.arange(s, device=ids.device), torch.full_like(ids, s)).sort(1).values
+        anchors_all = order[:, :n]
+        valid_all = anchors_all < s
+        anchors_all = torch.where(valid_all, anchors_all, torch.zeros_like(anchors_all))
+        out = []
+        w = max(1, self.args.num_anchors)
+        for j in range(0, n, w):
+            anchors = anchors_all[:, j : j + w].contiguous()
+            valid = valid_all[:, j : j + w].contiguous()
+            with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
+                _, stats = self.objective(taps, ids, mask, anchors, valid, return_runs=True)
+            al, vl, rl = anchors.tolist(), valid.tolist(), stats["runs"].tolist()
+            for i in range(b):
+                rows[i].update((a, r) for a, v, r in zip(al[i], vl[i], rl[i]) if v)
+            out.append(stats)
+        return out, rows
+
     def train(self) -> dict[str, Any]:
         from tqdm import tqdm
 
@@ -273,6 +387,8 @@ class Trainer:
         start_step = self.step
         calib = min(20, max(2, self.total_steps // 10))
         step_times: list[float] = []
+        if self.val_samples and self.step < end:
+            self._validate(bar)
         while self.step < end:
             epoch, offset = divmod(self.step, self.steps_per_epoch)
             plan = batch_plan(self.lengths, args.batch_size, epoch, args.seed, self.rank, self.world)
@@ -310,8 +426,17 @@ class Trainer:
                     )
                     self.history.append(dict(step=self.step, **last))
                     window, n_window = {}, 0
+                if (
+                    self.val_samples
+                    and args.eval_every
+                    and self.step % args.eval_every == 0
+                    and self.step != end
+                ):
+                    self._validate(bar)
                 if args.save_every and self.step % args.save_every == 0:
                     self.save_checkpoint()
+        if self.val_samples and (not self.val_history or self.val_history[-1]["step"] != self.step):
+            self._validate(bar)
         bar.close()
         if args.save_every and self.step % args.save_every != 0:
             self.save_checkpoint()
@@ -324,8 +449,24 @@ class Trainer:
             tokens_seen=self.tokens_seen,
             attn_backend=getattr(self.objective, "backend", None),
             final=last,
+            val=self.val_history[-1] if self.val_history else None,
             history=self.history,
+            val_history=self.val_history,
         )
+
+    def _validate(self, bar: Any) -> None:
+        t = time.time()
+        v = self.evaluate()
+        self.val_history.append(dict(step=self.step, seconds=round(time.time() - t, 2), **v))
+        if self.rank == 0:
+            msg = (
+                f"validation at step {self.step}: loss {v['loss']:.4f}, tau {v['tau']:.3f}, "
+                f"chain tau {v['chain_tau']:.3f} ({v['samples']} samples, {time.time() - t:.1f} s)"
+            )
+            if bar.disable:
+                print(msg, flush=True)
+            else:
+                bar.write(msg)
 
     def _fit_time_budget(self, elapsed: float, step_times: list[float], end: int) -> int:
         """Shrink ``total_steps`` (the cosine schedule's length) so the run ends within ``max_time`` seconds.
