@@ -19,7 +19,12 @@
 # DATA_FILE (a data.jsonl[.gz] from an earlier run: skips generation; every run leaves data.jsonl.gz in $OUT),
 # INIT_FROM_ASSETS=1 (continue training the drafters already in $ASSETS instead of starting from scratch),
 # EAGLE_TIME_PCT (EAGLE-3's share of the training time in percent, default 100: both train side by side for the
-# whole budget; less stops EAGLE-3 early and leaves the GPU to DFlash for the rest).
+# whole budget; less stops EAGLE-3 early and leaves the GPU to DFlash for the rest),
+# VAL_DATA (a samples .jsonl[.gz] of prompts never trained on, e.g. the target's answers to gsm8k_train prompts
+# the demo data does not use: validated before, every EVAL_EVERY (default 200) steps and after training; its
+# chain_tau is the acceptance length the engine would report on those answers),
+# EXTRA_PROMPTS (more prompt files for the data generation, e.g. the rest of gsm8k_train minus VAL_DATA's),
+# WEIGHT_DECAY (AdamW weight decay, default 0).
 set -euo pipefail
 : "${SMOLLM2_GGUF:?set SMOLLM2_GGUF to SmolLM2-135M-Instruct.Q4_1.gguf}"
 : "${DATA_DIR:?set DATA_DIR to the shared data directory (gsm8k_train.jsonl, corpus/, ...)}"
@@ -47,7 +52,7 @@ if [ -n "${DATA_FILE:-}" ]; then
 else
 $TRAIN dflash --target "$SMOLLM2_GGUF" --output "$WORK/data" --work-dir "$WORK/data" --generate-only \
     --prompts "$DATA_DIR/gsm8k_train.jsonl:3500" "$DATA_DIR/mbpp_sanitized.json" \
-              "$DATA_DIR/spec_bench_question.jsonl" "$DATA_DIR/corpus/tinyshakespeare.txt:800" \
+              "$DATA_DIR/spec_bench_question.jsonl" "$DATA_DIR/corpus/tinyshakespeare.txt:800" ${EXTRA_PROMPTS:-} \
     --self-prompts 1000 --max-new-tokens 384 --max-prompt-length 1024 --gen-temperature 0 \
     --generator "$GENERATOR" --gen-procs "$GEN_PROCS" --gen-batch-size 512 --seed 0
 fi
@@ -60,7 +65,9 @@ TRAIN_TIME=$((BUDGET - (T1 - T0) - 75))
 EAGLE_TIME=$((TRAIN_TIME * ${EAGLE_TIME_PCT:-100} / 100))
 echo "[demo] training budget $TRAIN_TIME s (EAGLE-3: $EAGLE_TIME s)" >&2
 COMMON=(--target "$SMOLLM2_GGUF" --data "$WORK/data/data.jsonl" --batch-size 32 --max-length 1536
-        --epochs 100 --lr 6e-4 --warmup-ratio 0.04 --save-every 0 --log-every 20 --seed 0 --no-progress)
+        --epochs 100 --lr 6e-4 --warmup-ratio 0.04 --save-every 0 --log-every 20 --seed 0 --no-progress
+        --weight-decay "${WEIGHT_DECAY:-0}")
+[ -z "${VAL_DATA:-}" ] || COMMON+=(--val-data "$VAL_DATA" --eval-every "${EVAL_EVERY:-200}")
 INIT_D=(); INIT_E=()
 if [ "${INIT_FROM_ASSETS:-0}" = 1 ]; then
     cp -r "$ASSETS/smollm2-135m-dflash" "$WORK/init-dflash"; cp -r "$ASSETS/smollm2-135m-eagle3" "$WORK/init-eagle3"
@@ -78,6 +85,7 @@ RC=0
 wait $PID_D || RC=$?
 wait $PID_E || RC=$?
 tail -n 3 "$WORK/dflash.log" "$WORK/eagle3.log" >&2
+grep -h "validation at step" "$WORK/dflash.log" "$WORK/eagle3.log" >&2 || true
 T2=$(date +%s); echo "[demo] trained in $((T2 - T1)) s; total $((T2 - T0)) s" >&2
 [ "$RC" -eq 0 ] || { echo "[demo] training failed (rc $RC); logs in $WORK" >&2; exit "$RC"; }
 

@@ -28,7 +28,7 @@ def dflash_dir(tmp_path_factory) -> str:
     return make_dflash(tmp_path_factory.mktemp("as_dflash"), 64, 4, VOCAB, layer_ids=[0, 2])
 
 
-def _llm(model: str, dflash: str, k: int, async_on: bool, **kw) -> LLM:  # type: ignore[no-untyped-def]
+def _llm(model: str, dflash: str, k: int, async_on: bool, method: str = "dflash", **kw) -> LLM:  # type: ignore[no-untyped-def]
     llm = LLM(
         model,
         dtype="float32",
@@ -36,7 +36,7 @@ def _llm(model: str, dflash: str, k: int, async_on: bool, **kw) -> LLM:  # type:
         max_num_seqs=4,
         padded_decode=True,
         async_spec=async_on,
-        speculative_config={"method": "dflash", "model": dflash, "num_speculative_tokens": k},
+        speculative_config={"method": method, "model": dflash, "num_speculative_tokens": k},
         **kw,
     )
     assert llm.engine.runner.use_fused_step
@@ -113,6 +113,22 @@ def test_identical_to_sync(k, batch, often_qwen3_dir, dflash_dir):
         assert accepted == set(range(k + 1))  # every acceptance length
     # drafts shortened by the budget near the end (after the pipeline drained) are verified too
     assert any(0 < nd < k for nd, _ in obs_want)
+
+
+def test_identical_to_sync_eagle3(often_qwen3_dir, tmp_path):
+    """The fused EAGLE-3 step pipelines the same way (the runner's contract is the drafter's fused step)."""
+    from drafters import make_eagle3
+
+    eagle = make_eagle3(tmp_path / "eagle", 64, 4, VOCAB)
+    sync = _llm(often_qwen3_dir, eagle, 4, False, method="eagle3")
+    asy = _llm(often_qwen3_dir, eagle, 4, True, method="eagle3")
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (70, 41, 55)]
+    want, obs_want = _run(sync, PROMPTS, params)
+    got, obs_got = _run(asy, PROMPTS, params)
+    assert got == want and obs_got == obs_want
+    _check_metrics(sync, asy)
+    assert asy.engine.runner.num_async_spec_steps > 0
+    assert len({na for nd, na in obs_want if nd == 4}) >= 2
 
 
 def test_stops_and_different_lengths(often_qwen3_dir, dflash_dir):

@@ -38,6 +38,21 @@ def dflash_dir(tmp_path_factory) -> str:
 
 
 @pytest.fixture(scope="module")
+def eagle3_dir(tmp_path_factory) -> str:
+    from drafters import make_eagle3
+
+    return make_eagle3(tmp_path_factory.mktemp("fs_eagle3"), 64, 4, VOCAB)
+
+
+@pytest.fixture(scope="module")
+def eagle3_head_dir(tmp_path_factory) -> str:
+    """An EAGLE-3 head with its own reduced-vocabulary LM head (d2t mapping)."""
+    from drafters import make_eagle3
+
+    return make_eagle3(tmp_path_factory.mktemp("fs_eagle3_head"), 64, 4, VOCAB, draft_vocab=8192)
+
+
+@pytest.fixture(scope="module")
 def always_dir(tiny_qwen3_dir, tmp_path_factory) -> str:
     """Every embedding has a large component 0 and one LM-head row reads only it: target and drafter (which
     shares the embeddings and the LM head) always pick token 101, so every draft is accepted."""
@@ -96,7 +111,8 @@ def _record(llm: LLM) -> list:
 
 
 def _caches(llm: LLM) -> list[torch.Tensor]:
-    return [t for kv in llm.engine.runner.proposer.caches for t in kv]
+    p = llm.engine.runner.proposer
+    return [t for kv in (p.caches if hasattr(p, "caches") else [p.cache]) for t in kv]
 
 
 def _assert_same_caches(a: LLM, b: LLM) -> None:
@@ -173,6 +189,45 @@ def test_fused_step_equals_host_drafter_and_ragged(
         assert 0 in accepted and len(accepted) >= 2
 
 
+@pytest.mark.parametrize("k", [2, 5])
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("target", ["random", "often"])
+@pytest.mark.parametrize("head", [False, True])
+def test_fused_eagle3_step_equals_host_drafter_and_ragged(
+    target, batch, k, head, tiny_qwen3_dir, often_qwen3_dir, eagle3_dir, eagle3_head_dir
+):
+    """EAGLE-3's fused step (first pass over the committed rows + K-1 autoregressive steps on the device, after
+    the verify graph): step for step what the host-side proposer does, and the ragged path's tokens."""
+    model = {"random": tiny_qwen3_dir, "often": often_qwen3_dir}[target]
+    spec = {"method": "eagle3", "model": eagle3_head_dir if head else eagle3_dir, "num_speculative_tokens": k}
+    sps = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in MAX_TOKENS[:batch]]
+    _, log, toks = _lockstep(model, spec, PROMPTS[:batch], sps)
+    assert toks == _generate(_llm(model, spec, padded=False), PROMPTS[:batch], sps)
+    accepted, shortened, _ = _accepted(log, k)
+    if target == "often" and not head:
+        assert 0 in accepted and len(accepted) >= 2, accepted
+
+
+def test_fused_eagle3_near_the_ends(often_qwen3_dir, eagle3_dir, smol_tokenizer, monkeypatch):
+    """EAGLE-3 fused steps next to max_model_len, the drafter's context cap and the step's token budget, with
+    padding drafts that "match" (n_match past num_draft must be capped for the first pass and the bonus)."""
+    sps = [
+        SamplingParams(temperature=0, max_tokens=None, ignore_eos=True),
+        SamplingParams(temperature=0, max_tokens=11, ignore_eos=True),
+        SamplingParams(temperature=0, max_tokens=30, ignore_eos=True),
+    ]
+    spec = {"method": "eagle3", "model": eagle3_dir, "num_speculative_tokens": 4, "max_model_len": 36}
+    _, log, toks = _lockstep(often_qwen3_dir, spec, PROMPTS, sps, max_model_len=48)
+    assert toks == _generate(_llm(often_qwen3_dir, spec, padded=False, max_model_len=48), PROMPTS, sps)
+    assert len(toks[0]) == 48 - len(smol_tokenizer(PROMPTS[0]).input_ids)
+    _, shortened, no_draft = _accepted(log, 4)
+    assert shortened > 0 and no_draft > 0
+    monkeypatch.setattr("specserve.runner.model_runner.greedy_verify", _padding_always_matches)
+    kw = {"max_model_len": 48, "max_num_batched_tokens": 12}
+    sps = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (28, 9, 17)]
+    _lockstep(often_qwen3_dir, spec, PROMPTS, sps, **kw)
+
+
 def test_near_max_model_len_and_drafter_context_cap(always_dir, often_qwen3_dir, dflash_dir, smol_tokenizer):
     """Requests that run into max_model_len (max_tokens unset) and into the drafter's own context cap
     (speculative_config.max_model_len), next to requests that end on max_tokens."""
@@ -229,17 +284,20 @@ def test_mixed_batches_keep_the_host_path(often_qwen3_dir, dflash_dir):
         assert any(e[4] is False and "1" in e[0] and len(e[0]) == 3 for e in log)
 
 
-def test_fused_step_only_for_padded_dflash(tiny_qwen3_dir, dflash_dir, tmp_path):
-    from drafters import make_eagle3
+def test_fused_step_only_for_padded_drafters(tiny_qwen3_dir, dflash_dir, eagle3_dir):
+    def eagle(k: int, **extra) -> dict:  # type: ignore[no-untyped-def]
+        return {"method": "eagle3", "model": eagle3_dir, "num_speculative_tokens": k, **extra}
 
-    eagle = make_eagle3(tmp_path / "eagle", 64, 4, VOCAB)
-    on = _llm(tiny_qwen3_dir, _dflash(dflash_dir, 4))
-    assert on.engine.runner.use_fused_step
+    for spec in (_dflash(dflash_dir, 4), eagle(3)):
+        assert _llm(tiny_qwen3_dir, spec).engine.runner.use_fused_step
     for spec, padded in (
         (_dflash(dflash_dir, 4), False),
         (_dflash(dflash_dir, 4, enforce_eager=True), True),
         (_dflash(dflash_dir, 4, disable_padded_drafter_batch=True), True),
-        ({"method": "eagle3", "model": eagle, "num_speculative_tokens": 3}, True),
+        (eagle(3), False),
+        (eagle(3, enforce_eager=True), True),
+        (eagle(3, disable_padded_drafter_batch=True), True),
+        (eagle(1), True),  # one draft: no autoregressive steps, no drafter graphs
         ({"method": "ngram", "num_speculative_tokens": 3}, True),
         (None, True),
     ):

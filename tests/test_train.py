@@ -738,6 +738,30 @@ def test_validation_set_tracks_held_out_acceptance(tmp_path, tiny):
     assert [len(v["acc"]) for v in eag.metrics["val_history"]] == [3, 3]
 
 
+def test_eval_only_validates_an_exported_drafter(tmp_path, tiny, capsys):
+    vfile = tmp_path / "val.jsonl"
+    with open(tiny["data"]) as src:
+        vfile.write_text("".join(src.readlines()[:6]))
+    trained = run(parse_args(_dflash_args(tiny, str(tmp_path / "d"), "--max-steps", "25", "--epochs", "100",
+                                          "--val-data", str(vfile))))  # fmt: skip
+    final = trained.metrics["val_history"][-1]
+    capsys.readouterr()
+    rc = main(["dflash", "--target", tiny["target"], "--init-from", str(tmp_path / "d"), "--val-data", str(vfile),
+               "--eval-only", "--output", str(tmp_path / "ev"), "--num-anchors", "16"])  # fmt: skip
+    assert rc == 0
+    line = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("{")][-1]
+    got = json.loads(line)
+    assert got == json.loads((tmp_path / "ev" / "validation.json").read_text())
+    assert got["samples"] == 6 and got["method"] == "dflash" and len(got["acc"]) == 3
+    # the exported (bf16-rounded) weights validate like the final fp32 ones did at the end of training
+    assert final["chain_tau"] > 1.5 and got["chain_tau"] == pytest.approx(final["chain_tau"], abs=0.3)
+    assert not (tmp_path / "ev" / "model.safetensors").exists()  # nothing trained, nothing exported
+    assert main(["dflash", "--target", tiny["target"], "--val-data", str(vfile), "--eval-only"]) == 2
+    assert (
+        main(["dflash", "--target", tiny["target"], "--data", tiny["data"]]) == 2
+    )  # training needs --output
+
+
 @pytest.mark.parametrize(
     "extra",
     [

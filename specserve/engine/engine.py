@@ -336,7 +336,7 @@ class LLMEngine:
         without waiting; step N+1 is scheduled assuming each request gets one token from N, and launched with its
         input tokens gathered on the device from N's output; only then does the host wait for N and process its
         tokens, so this host work overlaps N+1 on the device. Each call still returns one step's outputs, in the
-        order the synchronous engine would. Fused greedy DFlash steps are pipelined the same way (see _step_spec).
+        order the synchronous engine would. Fused greedy speculative steps (DFlash, EAGLE-3) are pipelined the same way (see _step_spec).
         Anything else (prefill, admissions, random / seeded / logprobs requests, host-side drafting, running out
         of blocks, requests near their end) drains the pipeline and runs synchronously.
         """

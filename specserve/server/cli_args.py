@@ -191,7 +191,7 @@ def make_arg_parser() -> OneLineArgumentParser:
         "--async-spec",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="Launch the next fused greedy DFlash step before the current one's tokens reach the host "
+        help="Launch the next fused greedy speculative step (DFlash, EAGLE-3) before the current one's tokens reach the host "
         "(default: off; opt-in until it has been measured on a GPU).",
     )
     e.add_argument(

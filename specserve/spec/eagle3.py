@@ -60,6 +60,7 @@ class Eagle3Proposer(Proposer):
         self.runner = runner
         self.cache: tuple[torch.Tensor, torch.Tensor] | None = None
         self.graphs: Any = None
+        self.fused: Any = None  # the fused step's graphs (setup_fused_step)
 
     @property
     def tap_indices(self) -> list[int]:
@@ -79,6 +80,7 @@ class Eagle3Proposer(Proposer):
 
     def bind_kv_caches(self, caches: list[tuple[torch.Tensor, torch.Tensor]], block_size: int) -> None:
         self.cache = caches[0]
+        self.graphs = self.fused = None
         runner, K = self.runner, self.num_speculative_tokens
         cfg = runner.config
         padded, capture = drafter_graph_mode(runner)
@@ -115,6 +117,97 @@ class Eagle3Proposer(Proposer):
             return torch.stack(outs, 1)
 
         self.graphs = BucketedGraphs("eagle3 draft steps", fn, batch_buckets(max_b), dev, capture)
+
+    # ------------------------------------------------------------------ fused step (greedy uniform path)
+    def setup_fused_step(self, target: Any, buf: Any) -> bool:
+        """The drafter half of a device-resident greedy speculative step (the contract of
+        ``DFlashProposer.setup_fused_step``), as its own bucketed graph replayed right after the target's q = K+1
+        verify graph on its outputs (features [b*q, F], greedy_verify's packed [b, q+1]); returns packed + drafts
+        [b, q+1+K] (drafts -1 where no draft is made). On the device it does what ``propose`` does for such a
+        step: the first pass over the committed rows 0..n_acc (row j reads the token at the next position: the
+        accepted draft j+1, or the bonus token for row n_acc), then K-1 autoregressive steps from row n_acc.
+        Rows past n_acc run too (static shapes) but write no K/V, and causal attention keeps them out of the
+        committed rows' results. Off without the padded drafter graphs or with the spec config's enforce_eager.
+        """
+        from specserve.layers.attention import AttnMetadata
+        from specserve.runner.cuda_graphs import BucketedGraphs
+
+        runner, K = self.runner, self.num_speculative_tokens
+        spec = runner.config.speculative_config
+        padded, capture = drafter_graph_mode(runner)
+        if self.graphs is None or not padded or (spec is not None and spec.enforce_eager):
+            return False
+        q, bs, mb, dev = K + 1, runner.block_size, buf.max_blocks, runner.device
+        if buf.q != q or buf.num_aux < 2:
+            raise ValueError("the fused EAGLE-3 step needs the q=K+1 batch with 2 aux ints per request")
+        cols = torch.arange(q, device=dev)
+        steps = torch.arange(1, K, device=dev)
+        backend = runner.backend
+        max_seq = runner.max_model_len + 2 * q
+        self._fused_in: tuple[torch.Tensor, torch.Tensor] | None = None
+
+        def fn(b: int) -> torch.Tensor:
+            assert self._fused_in is not None
+            feats, packed = self._fused_in
+            v = buf.views(b)
+            num_draft = v.aux[:, 0].long().clamp(0, K)
+            budget = v.aux[:, 1].long()  # max_drafts = max(0, budget - n_acc)
+            n_acc = torch.minimum(packed[:, q].clamp(0, K), num_draft)
+            bonus = packed.gather(1, n_acc[:, None])
+            # 1) first pass over rows 0..K at the verify's positions and slots; only rows 0..n_acc write K/V
+            ids = v.ids.view(b, q)
+            nxt = torch.cat([ids[:, 1:], bonus], 1)
+            toks = torch.where(cols[None, :] < n_acc[:, None], nxt, bonus).reshape(-1)
+            slots = torch.where(cols[None, :] <= n_acc[:, None], v.slots.view(b, q), -1).view(-1)
+            meta = AttnMetadata(buf.qsl[: b + 1], v.seq, v.bt, slots, max_query_len=q, max_seq_len=max_seq)
+            hidden_in = self.model.fc(feats)
+            prenorm, normed = self.model(self._embed(toks), hidden_in, v.pos, meta, self.cache, backend)
+            sel = torch.arange(b, device=dev) * q + n_acc
+            hidden, tok = prenorm[sel], self._draft_tokens(normed[sel])
+            # 2) steps 1..K-1 at last + 1 .. last + K - 1 (last: the last committed position) for the requests that
+            #    draft (budget left) and whose block table covers those positions
+            last = v.pos.view(b, q)[:, 0] + n_acc
+            spos = last[:, None] + steps[None, :]  # [b, K-1]
+            blk = spos // bs
+            bid = v.bt.gather(1, blk.clamp(0, mb - 1)).long()
+            covered = ((bid >= 0) & (blk < mb)).all(1)
+            active = (v.seq > 0) & covered & (budget > n_acc)
+            sslots = torch.where(active[:, None], bid * bs + spos % bs, -1)
+            outs = [tok]
+            for j in range(K - 1):
+                pos = torch.where(active, spos[:, j], 0)
+                seq = ((pos + 1) * active).to(torch.int32)
+                m = AttnMetadata(
+                    buf.qsl[: b + 1] // q, seq, v.bt, sslots[:, j], max_query_len=1, max_seq_len=max_seq
+                )
+                hidden, normed = self.model(self._embed(tok), hidden, pos, m, self.cache, backend)
+                tok = self._draft_tokens(normed)
+                outs.append(tok)
+            drafts = torch.stack(outs, 1)
+            return torch.cat([packed, torch.where(active[:, None], drafts, -1)], 1)
+
+        def prepare(b: int) -> None:
+            # an empty batch (no KV writes anywhere) and sane target outputs to read during warm-up and capture
+            buf.fill(b, [], bs)
+            _, feats, packed = target.run(b)
+            self._fused_in = (feats, packed)
+
+        self.fused = BucketedGraphs(
+            "eagle3 fused step", fn, target.buckets, dev, capture, target.pool, prepare=prepare
+        )
+        self._fused_in = None
+        self._fused_target = target
+        return True
+
+    def run_fused_step(self, features: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
+        b = packed.shape[0]
+        if b in self.fused.graphs:  # a captured graph reads the target graph's static outputs
+            assert packed is self._fused_target.outputs[b][2]
+        self._fused_in = (features, packed)
+        try:
+            return self.fused.run(b)
+        finally:
+            self._fused_in = None
 
     def _steps_uniform(
         self,

@@ -54,7 +54,7 @@ class Proposer:
         raise NotImplementedError
 
     def setup_fused_step(self, target: Any, buf: Any) -> bool:
-        """Build the drafter half of the device-resident greedy step (see ``DFlashProposer``) on the target's
+        """Build the drafter half of the device-resident greedy step (see ``DFlashProposer``, ``Eagle3Proposer``) on the target's
         q=K+1 graphs ``target`` and their static inputs ``buf``; False when this proposer has none (then every
         step calls ``propose``)."""
         return False

@@ -97,7 +97,9 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="hold N random samples of the training data out as the validation set (instead of --val-data)",
     )
-    g.add_argument("--output", required=True, help="export directory (config.json, model.safetensors)")
+    g.add_argument(
+        "--output", default=None, help="export directory (config.json, model.safetensors); required to train"
+    )
     g.add_argument("--work-dir", default=None, help="checkpoints + generated data (default: --output)")
     g.add_argument("--num-prompts", type=int, default=None, help="cap on the prompts read from files")
     g.add_argument("--max-new-tokens", type=int, default=512)
@@ -141,6 +143,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="start from an exported drafter (fine-tune / continue training; fresh optimizer and schedule)",
     )
     o.add_argument("--resume", action="store_true", help="continue from <work-dir>/checkpoint.pt")
+    o.add_argument(
+        "--eval-only",
+        action="store_true",
+        help="validate the --init-from drafter on --val-data, print the result as JSON (and write "
+        "validation.json into --output if given); no training",
+    )
     o.add_argument("--stop-after", type=int, default=None, help=argparse.SUPPRESS)
     o.add_argument(
         "--attn-backend",
@@ -196,7 +204,12 @@ def _validate(a: argparse.Namespace) -> None:
         raise TrainError(f"--block-size must be at least 2, got {a.block_size}")
     if a.method == "eagle3" and a.target_layer_ids is not None and len(a.target_layer_ids) != 3:
         raise TrainError("EAGLE-3 needs exactly 3 --target-layer-ids")
-    if a.data is None and not a.prompts and not a.self_prompts:
+    if a.eval_only:
+        if a.init_from is None or a.val_data is None:
+            raise TrainError("--eval-only needs --init-from DRAFTER and --val-data FILE")
+    elif a.output is None:
+        raise TrainError("the following arguments are required: --output")
+    elif a.data is None and not a.prompts and not a.self_prompts:
         raise TrainError("give --prompts FILE... (and/or --self-prompts N) or --data FILE")
     if a.data is not None and not os.path.isfile(a.data):
         raise TrainError(f"data file not found: {a.data}")
@@ -511,6 +524,8 @@ def run(a: argparse.Namespace) -> TrainResult:
         else _DTYPES[a.dtype]
     )
     torch.manual_seed(a.seed)
+    if a.eval_only:
+        return _eval_only(a, device, dtype)
     work = a.work_dir or a.output
     os.makedirs(work, exist_ok=True)
     data_path = a.data or os.path.join(work, "data.jsonl")
@@ -623,6 +638,45 @@ def run(a: argparse.Namespace) -> TrainResult:
         size = os.path.getsize(paths["weights"])
         _log(f"exported {a.method} drafter to {a.output} ({size / 1e6:.2f} MB); final {metrics['final']}")
     return TrainResult(drafter, a.output, data_path, metrics)
+
+
+def _eval_only(a: argparse.Namespace, device: torch.device, dtype: torch.dtype) -> TrainResult:
+    """``--eval-only``: validation of an exported drafter (loss, accuracy, tau, chain_tau), no training."""
+    target_path = resolve_target_path(a.target)
+    val = load_samples(a.val_data)
+    target = load_target(target_path, device, dtype)
+    for s in val:
+        if max(s.input_ids) >= target.vocab_size or min(s.input_ids) < 0:
+            raise TrainError(f"{a.val_data}: token ids outside the target vocab ({target.vocab_size})")
+    drafter = _init_drafter(a, target)
+    targs = TrainArgs(
+        work_dir=a.work_dir or a.output or ".",
+        batch_size=a.batch_size,
+        max_length=a.max_length,
+        num_anchors=a.num_anchors,
+        gamma=a.gamma,
+        ttt_steps=a.ttt_steps,
+        attn_backend="split",
+        progress=False,
+    )
+    t0 = time.time()
+    v = Trainer(drafter, target, val, targs, val_samples=val).evaluate()
+    result = dict(
+        method=a.method,
+        drafter=os.path.abspath(a.init_from),
+        target=target_path,
+        val_data=os.path.abspath(a.val_data),
+        seconds=round(time.time() - t0, 2),
+        **v,
+    )
+    rank, _, _ = dist_info()
+    if rank == 0:
+        print(json.dumps(result), flush=True)
+        if a.output:
+            os.makedirs(a.output, exist_ok=True)
+            with open(os.path.join(a.output, "validation.json"), "w", encoding="utf-8") as f:
+                json.dump(result, f, indent=2)
+    return TrainResult(drafter, a.output or "", a.val_data, dict(val=result))
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
