@@ -75,7 +75,9 @@ def main() -> int:
                 break
     with open(os.path.join(a.out, f"train-gsm8k-{a.num_val}.jsonl"), "w", encoding="utf-8") as f:
         f.writelines(picked)
-    print(f"{len(extra)} unused gsm8k_train prompts; {a.num_val} answered for validation; {len(picked)} trained-on")
+    print(
+        f"{len(extra)} unused gsm8k_train prompts; {a.num_val} answered for validation; {len(picked)} trained-on"
+    )
     return 0
 
 
