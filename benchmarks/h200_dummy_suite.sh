@@ -6,6 +6,7 @@
 # 1b. sampling inside the graphs (temperature 0.8) vs greedy: tok/s and the share of steps on the graph path
 # 2. step latency, Qwen3-8B shape: plain, DFlash K=4/15, EAGLE-3 K=4/7, batch 1/2/4/8, graphs vs eager, HF forward,
 #    weight-read floor, async scheduling on/off
+# 2b. where a plain decode step's GPU time goes (decode_profile.py: per-GEMM read rate, kernels, graph gaps), b1/b8
 # 3. SmolLM2-135M shape batch 1: HF transformers eager + static cache (compiled, warmed up) vs specserve plain
 #    and DFlash K=15 (random weights: speed only; acceptance of a random target is meaningless)
 set -uo pipefail
@@ -25,6 +26,11 @@ timeout "${STEP_TIME:-190}" python benchmarks/step_latency.py --config-dir "$CFG
     --max-tokens 48 --configs plain dflash:4 dflash:15 eagle3:4 eagle3:7 --out "$W/step_latency-h200.json" 2>&1 \
     | tee "$W/step_latency-raw.log" | grep -v "^\[transformers\]\|^{" | tee "$W/step_latency-h200.log"
 say "step latency"
+for b in 1 8; do
+    timeout "${PROFILE_TIME:-60}" python benchmarks/decode_profile.py --config-dir "$CFG/qwen3-8b" --batch $b \
+        --out "$W/decode_profile-b$b.json" 2>&1 | grep -v "^\[transformers\]" | tee "$W/decode_profile-b$b.log"
+done
+say "decode profile"
 timeout "${SMOL_TIME:-240}" python benchmarks/smollm2_gpu.py --config-dir "$CFG/smollm2" --no-eager \
     --hf-timeout "${HF_TIME:-200}" --dflash $D --only plain "dflash K=15" --out "$W/smollm2_gpu-dummy-h200.json" 2>&1 \
     | tee "$W/smollm2_gpu-raw.log" | grep -v "^\[transformers\]" | tee "$W/smollm2_gpu-dummy-h200.log"
