@@ -139,6 +139,14 @@ def main() -> int:
         "--layers", type=int, default=None, help="override the layer count (default: the config's)"
     )
     ap.add_argument("--out", default=None, help="write the report as JSON")
+    ap.add_argument(
+        "--gemv-sweep",
+        nargs="*",
+        default=None,
+        metavar="BN,BK,WARPS,STAGES",
+        help="also time the step with SPECSERVE_TRITON_GEMV=1 (the six-kernel layer) for each launch config "
+        "(none given: a default list), next to the nine-kernel graph time",
+    )
     a = ap.parse_args()
     if a.config_dir:
         import transformers
@@ -191,6 +199,33 @@ def main() -> int:
         print(
             f"{kname[:70]:<70} {int(cnt):>5} {us:>9.1f} {us / max(cnt, 1):>8.2f} {100 * us / 1e3 / g_ms:>6.1f}"
         )
+    sweep = []
+    if a.gemv_sweep is not None and CUDA:
+        cfgs = a.gemv_sweep or [
+            "16,256,4,3",
+            "16,512,4,3",
+            "16,128,4,4",
+            "32,256,4,3",
+            "16,256,8,3",
+            "32,512,8,3",
+        ]
+        os.environ["SPECSERVE_TRITON_GEMV"] = "1"
+        print(f"\nsix-kernel layer (SPECSERVE_TRITON_GEMV=1) vs the nine-kernel graph {g_ms:.3f} ms:")
+        for c in cfgs:
+            os.environ["SPECSERVE_GEMV_CFG"] = c
+            try:
+                with torch.inference_mode():
+                    ms = graph_ms(step_fn(model, ids, pos, meta))
+                err = None
+            except Exception as e:  # noqa: BLE001 - a config that does not compile / fit: report it, go on
+                ms, err = float("nan"), f"{type(e).__name__}: {str(e)[:120]}"
+            sweep.append(dict(config=c, graph_ms=ms, x_floor=ms / floor_ms, error=err))
+            print(
+                f"  BN,BK,warps,stages={c:<12} {ms:.3f} ms = {ms / floor_ms:.3f}x floor"
+                + (f"  {err}" if err else "")
+            )
+        os.environ.pop("SPECSERVE_TRITON_GEMV")
+        os.environ.pop("SPECSERVE_GEMV_CFG")
     report = dict(
         command="python " + " ".join(sys.argv),
         git=os.popen("git rev-parse --short HEAD 2>/dev/null").read().strip(),
@@ -212,6 +247,7 @@ def main() -> int:
         kernels_per_step=n_kernels,
         gemms=gemms,
         kernels={k: {"count": int(v[0]), "us": v[1]} for k, v in kernels.items()},
+        gemv_sweep=sweep,
         time=time.strftime("%Y-%m-%d %H:%M:%S"),
     )
     if a.out:

@@ -27,10 +27,15 @@ timeout "${STEP_TIME:-190}" python benchmarks/step_latency.py --config-dir "$CFG
     | tee "$W/step_latency-raw.log" | grep -v "^\[transformers\]\|^{" | tee "$W/step_latency-h200.log"
 say "step latency"
 for b in 1 8; do
-    timeout "${PROFILE_TIME:-60}" python benchmarks/decode_profile.py --config-dir "$CFG/qwen3-8b" --batch $b \
-        --out "$W/decode_profile-b$b.json" 2>&1 | grep -v "^\[transformers\]" | tee "$W/decode_profile-b$b.log"
+    timeout "${PROFILE_TIME:-90}" python benchmarks/decode_profile.py --config-dir "$CFG/qwen3-8b" --batch $b \
+        --gemv-sweep --out "$W/decode_profile-b$b.json" 2>&1 | grep -v "^\[transformers\]" | tee "$W/decode_profile-b$b.log"
 done
 say "decode profile"
+# the experimental six-kernel layer (SPECSERVE_TRITON_GEMV=1) through the engine: plain b1/b8, DFlash K=15 b1
+SPECSERVE_TRITON_GEMV=1 timeout "${GEMV_TIME:-90}" python benchmarks/step_latency.py --config-dir "$CFG/qwen3-8b" \
+    --batches 1 8 --max-tokens 48 --configs plain dflash:15 --skip-eager --skip-hf \
+    --out "$W/step_latency-gemv-h200.json" 2>&1 | grep -v "^\[transformers\]\|^{" | tee "$W/step_latency-gemv-h200.log"
+say "step latency, six-kernel layer"
 timeout "${SMOL_TIME:-240}" python benchmarks/smollm2_gpu.py --config-dir "$CFG/smollm2" --no-eager \
     --hf-timeout "${HF_TIME:-200}" --dflash $D --only plain "dflash K=15" --out "$W/smollm2_gpu-dummy-h200.json" 2>&1 \
     | tee "$W/smollm2_gpu-raw.log" | grep -v "^\[transformers\]" | tee "$W/smollm2_gpu-dummy-h200.log"

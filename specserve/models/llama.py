@@ -80,11 +80,18 @@ class Attention(nn.Module):
         backend: AttentionBackend,
     ) -> torch.Tensor:
         """``forward`` with split, q/k norm, RoPE and the K/V store in one kernel (``rope_store``)."""
+        q = self.rope_store_qkv(self.qkv_proj(x), positions, meta, cache)
+        return self._attend_out(q, meta, cache, backend)
+
+    def rope_store_qkv(
+        self, qkv: torch.Tensor, positions: torch.Tensor, meta: AttnMetadata, cache: KVCache
+    ) -> torch.Tensor:
+        """Fused path: split ``qkv``, q/k norm, RoPE, store K/V; returns q."""
         from specserve.layers.triton_fused import rope_store
 
         qn, kn = self.q_norm, self.k_norm
-        q = rope_store(
-            self.qkv_proj(x),
+        return rope_store(
+            qkv,
             positions,
             self.rope.cos,
             self.rope.sin,
@@ -98,17 +105,22 @@ class Attention(nn.Module):
             self.num_kv_heads,
             self.head_dim,
         )
-        return self._attend_out(q, meta, cache, backend)
+
+    def attend(
+        self, q: torch.Tensor, meta: AttnMetadata, cache: KVCache, backend: AttentionBackend
+    ) -> torch.Tensor:
+        """Attention over the paged cache (K/V already stored): [T, num_heads * head_dim]."""
+        causal = self.causal and meta.causal
+        o = backend.attend(
+            q, cache[0], cache[1], meta, causal=causal, sliding_window=self.sliding_window, scale=self.scale
+        )
+        return o.reshape(-1, self.q_size)
 
     def _attend_out(
         self, q: torch.Tensor, meta: AttnMetadata, cache: KVCache, backend: AttentionBackend
     ) -> torch.Tensor:
         """Attention over the paged cache (K/V already stored), then the output projection."""
-        causal = self.causal and meta.causal
-        o = backend.attend(
-            q, cache[0], cache[1], meta, causal=causal, sliding_window=self.sliding_window, scale=self.scale
-        )
-        return self.o_proj(o.reshape(-1, self.q_size))
+        return self.o_proj(self.attend(q, meta, cache, backend))
 
 
 class MLP(nn.Module):
@@ -195,6 +207,8 @@ def run_layers_fused(
     """
     want = set(tap_indices)
     taps: dict[int, torch.Tensor] = {}
+    if _gemv_path(layers, h):
+        return _run_layers_gemv(layers, h, positions, meta, caches, backend, norm, want)
     x, residual = h, None
     n = 0
     for i, mod in enumerate(layers):
@@ -203,6 +217,53 @@ def run_layers_fused(
         if i in want:
             taps[i] = residual
         x, residual = layer.forward_fused(normed, residual, positions, meta, caches[i], backend)
+        n = i + 1
+    out, residual = add_rms_norm(x, residual, norm)
+    if n in want:
+        taps[n] = residual
+    return out, taps
+
+
+def _gemv_path(layers: nn.ModuleList, h: torch.Tensor) -> bool:
+    """The experimental six-kernel layer (``SPECSERVE_TRITON_GEMV=1``): at most 16 rows, no projection biases."""
+    from specserve.layers import triton_gemv
+
+    if not triton_gemv.enabled() or h.shape[0] > triton_gemv.MAX_ROWS or not len(layers):
+        return False
+    first = cast(DecoderLayer, layers[0])
+    a = first.self_attn
+    return a.qkv_proj.bias is None and a.o_proj.bias is None
+
+
+def _run_layers_gemv(
+    layers: nn.ModuleList,
+    h: torch.Tensor,
+    positions: torch.Tensor,
+    meta: AttnMetadata,
+    caches: list[KVCache],
+    backend: AttentionBackend,
+    norm: RMSNorm,
+    want: set[int],
+) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+    """``run_layers_fused`` with the add+RMSNorm and SiLU-mul kernels folded into the GEMMs' prologues
+    (:mod:`specserve.layers.triton_gemv`): six kernels per layer. Same residual stream and taps."""
+    from specserve.layers.triton_gemv import gemv
+
+    taps: dict[int, torch.Tensor] = {}
+    x, residual = h, None
+    n = 0
+    for i, mod in enumerate(layers):
+        layer = cast(DecoderLayer, mod)
+        attn, mlp = layer.self_attn, layer.mlp
+        ln, pn = layer.input_layernorm, layer.post_attention_layernorm
+        qkv, residual = gemv(x, attn.qkv_proj.weight, residual=residual, norm_weight=ln.weight, eps=ln.eps)
+        assert residual is not None
+        if i in want:
+            taps[i] = residual
+        q = attn.rope_store_qkv(qkv, positions, meta, caches[i])
+        o, _ = gemv(attn.attend(q, meta, caches[i], backend), attn.o_proj.weight)
+        gu, residual = gemv(o, mlp.gate_up_proj.weight, residual=residual, norm_weight=pn.weight, eps=pn.eps)
+        x, _ = gemv(gu, mlp.down_proj.weight, silu_mul=True)
         n = i + 1
     out, residual = add_rms_norm(x, residual, norm)
     if n in want:

@@ -1,0 +1,195 @@
+"""Skinny GEMMs (at most 16 rows: decode at batch <= 16) with the decoder layer's small ops fused in front.
+
+Experimental and off by default (``SPECSERVE_TRITON_GEMV=1`` turns it on; never timed on a GPU yet): with it the
+fused decoder layer is six kernels instead of nine (see :func:`specserve.models.llama.run_layers_fused`):
+
+    qkv      = W_qkv  @ RMSNorm(residual + x)      (add + norm prologue; program 0 writes the new residual)
+    rope_store, attention                          (unchanged)
+    o        = W_o    @ attn
+    gate_up  = W_gu   @ RMSNorm(residual + o)      (add + norm prologue)
+    down     = W_down @ (SiLU(gate) * up)          (SiLU-mul prologue)
+
+The prologues round exactly where :mod:`specserve.layers.triton_fused` rounds (each torch op of the eager path
+rounds its result to the model dtype), so the GEMM inputs are those of the nine-kernel path bit for bit; only
+the GEMMs' fp32 accumulation order differs from cuBLAS. Each program owns ``BLOCK_N`` output columns for all rows
+(one pass over its weight rows: the weights are read once per step) and recomputes the row statistics of its
+prologue from the (tiny, L2-resident) activations. ``SPECSERVE_GEMV_CFG="BLOCK_N,BLOCK_K,num_warps,num_stages"``
+overrides the launch configuration for tuning. Runs under ``TRITON_INTERPRET=1`` on CPU (the tests); no host syncs,
+static grids: CUDA-graph capturable.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from specserve.layers.triton_fused import _mode, _round
+
+__all__ = ["MAX_ROWS", "enabled", "gemv"]
+
+MAX_ROWS = 16
+_NONE, _NORM, _ADD_NORM, _SILU = 0, 1, 2, 3
+
+
+def enabled() -> bool:
+    return os.environ.get("SPECSERVE_TRITON_GEMV", "0") == "1"
+
+
+def _config() -> tuple[int, int, int, int]:
+    raw = os.environ.get("SPECSERVE_GEMV_CFG")
+    if raw:
+        bn, bk, nw, ns = (int(v) for v in raw.split(","))
+        return bn, bk, nw, ns
+    return 16, 256, 4, 3
+
+
+@triton.jit
+def _prologue(x_ptr, r_ptr, nw_ptr, rows, offs_k, mask2, stride_x, stride_r, K, rstd, PRO: tl.constexpr, MODE: tl.constexpr):  # fmt: skip
+    """The GEMM input tile [BLOCK_M, BLOCK_K] in fp32, holding model-dtype values (rounded as the eager path)."""
+    if PRO == 3:
+        g = tl.load(x_ptr + rows * stride_x + offs_k[None, :], mask=mask2, other=0.0).to(tl.float32)
+        u = tl.load(x_ptr + rows * stride_x + K + offs_k[None, :], mask=mask2, other=0.0).to(tl.float32)
+        s = _round(g / (1.0 + tl.exp(-g)), MODE)
+        return _round(s * u, MODE)
+    x = tl.load(x_ptr + rows * stride_x + offs_k[None, :], mask=mask2, other=0.0).to(tl.float32)
+    if PRO == 2:
+        r = tl.load(r_ptr + rows * stride_r + offs_k[None, :], mask=mask2, other=0.0).to(tl.float32)
+        x = _round(x + r, MODE)
+    if PRO >= 1:
+        w = tl.load(nw_ptr + offs_k, mask=offs_k < K, other=0.0).to(tl.float32)
+        x = _round(w[None, :] * _round(x * rstd[:, None], MODE), MODE)
+    return x
+
+
+@triton.jit
+def _gemv_kernel(
+    x_ptr,
+    r_ptr,
+    nw_ptr,
+    w_ptr,
+    y_ptr,
+    res_out_ptr,
+    M,
+    N,
+    K,
+    stride_x,
+    stride_r,
+    stride_w,
+    stride_y,
+    stride_ro,
+    eps,
+    PRO: tl.constexpr,
+    MODE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
+    EXACT_DOT: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_m = offs_m < M
+    mask_n = offs_n < N
+    rows = offs_m[:, None].to(tl.int64)
+    rstd = tl.zeros([BLOCK_M], dtype=tl.float32)
+    if PRO == 1 or PRO == 2:
+        ss = tl.zeros([BLOCK_M], dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            offs_k = k0 + tl.arange(0, BLOCK_K)
+            mask2 = mask_m[:, None] & (offs_k[None, :] < K)
+            x = tl.load(x_ptr + rows * stride_x + offs_k[None, :], mask=mask2, other=0.0).to(tl.float32)
+            if PRO == 2:
+                r = tl.load(r_ptr + rows * stride_r + offs_k[None, :], mask=mask2, other=0.0).to(tl.float32)
+                x = _round(x + r, MODE)  # h = h + x in the model dtype
+                if pid == 0:
+                    tl.store(res_out_ptr + rows * stride_ro + offs_k[None, :], x.to(res_out_ptr.dtype.element_ty), mask=mask2)  # fmt: skip
+            ss += tl.sum(x * x, 1)
+        rstd = tl.math.rsqrt(ss / K + eps)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    wrows = offs_n[:, None].to(tl.int64) * stride_w
+    for k0 in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        mk = offs_k < K
+        x = _prologue(x_ptr, r_ptr, nw_ptr, rows, offs_k, mask_m[:, None] & mk[None, :], stride_x, stride_r, K, rstd, PRO, MODE)  # fmt: skip
+        w = tl.load(w_ptr + wrows + offs_k[None, :], mask=mask_n[:, None] & mk[None, :], other=0.0)
+        if MODE == 0 or EXACT_DOT:  # fp32 models; the interpreter (its bf16 dot is not reliable)
+            acc += tl.dot(x, tl.trans(w.to(tl.float32)), input_precision="ieee")
+        else:  # tensor cores: bf16/fp16 operands (x holds model-dtype values: exact), fp32 accumulation
+            acc += tl.dot(x.to(w.dtype), tl.trans(w))
+    tl.store(
+        y_ptr + rows * stride_y + offs_n[None, :],
+        acc.to(y_ptr.dtype.element_ty),
+        mask=mask_m[:, None] & mask_n[None, :],
+    )
+
+
+def gemv(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    *,
+    residual: torch.Tensor | None = None,
+    norm_weight: torch.Tensor | None = None,
+    eps: float = 1e-6,
+    silu_mul: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``y = prologue(x) @ weight.T`` for at most 16 rows. Returns ``(y, new_residual)``.
+
+    * plain: ``x @ W.T``;
+    * ``norm_weight`` (+ optional ``residual``): ``h = residual + x`` (rounded), ``RMSNorm(h) @ W.T``; returns
+      ``h`` as the new residual (``x`` itself without ``residual``);
+    * ``silu_mul``: ``x`` is ``[M, 2K]`` = gate | up: ``(SiLU(gate) * up) @ W.T``.
+    """
+    if x.dim() != 2 or x.stride(1) != 1 or weight.dim() != 2 or weight.stride(1) != 1:
+        raise ValueError("gemv: x [M, K] and weight [N, K] need contiguous rows")
+    m = x.shape[0]
+    n, k = weight.shape
+    if m > MAX_ROWS:
+        raise ValueError(f"gemv takes at most {MAX_ROWS} rows, got {m}")
+    if x.shape[1] != (2 * k if silu_mul else k):
+        raise ValueError(f"gemv: x has {x.shape[1]} columns for a weight of {k} inputs (silu_mul={silu_mul})")
+    pro = (
+        _SILU
+        if silu_mul
+        else (_NONE if norm_weight is None else (_ADD_NORM if residual is not None else _NORM))
+    )
+    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    res_out = torch.empty_like(x) if pro == _ADD_NORM else None
+    if residual is not None and (residual.shape != x.shape or residual.stride(1) != 1):
+        raise ValueError("gemv: residual must match x")
+    if m == 0:
+        return y, (res_out if pro == _ADD_NORM else (x if pro == _NORM else None))
+    bn, bk, nw, ns = _config()
+    r = residual if residual is not None else x
+    ro = res_out if res_out is not None else x
+    _gemv_kernel[(triton.cdiv(n, bn),)](
+        x,
+        r,
+        norm_weight if norm_weight is not None else x,
+        weight,
+        y,
+        ro,
+        m,
+        n,
+        k,
+        x.stride(0),
+        r.stride(0),
+        weight.stride(0),
+        y.stride(0),
+        ro.stride(0),
+        float(eps),
+        PRO=pro,
+        MODE=_mode(x.dtype),
+        BLOCK_M=MAX_ROWS,
+        BLOCK_N=bn,
+        BLOCK_K=bk,
+        NUM_STAGES=ns,
+        EXACT_DOT=os.environ.get("TRITON_INTERPRET", "0") == "1",
+        num_warps=nw,
+    )
+    if pro == _ADD_NORM:
+        return y, res_out
+    return y, (x if pro == _NORM else None)

@@ -1,0 +1,165 @@
+"""The experimental skinny GEMM with fused prologues (specserve.layers.triton_gemv, interpreted on CPU) vs the
+nine-kernel fused path it replaces: the same GEMM inputs bit for bit (add+RMSNorm, SiLU-mul), products within
+the GEMM's rounding, and the same greedy tokens through the whole model."""
+
+from __future__ import annotations
+
+import os
+
+os.environ["TRITON_INTERPRET"] = "1"  # must be set before triton decorates the kernels
+
+import importlib
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from specserve.layers import triton_fused as tf  # noqa: E402
+from specserve.layers import triton_gemv as tg  # noqa: E402
+
+if type(tf._rms_norm_kernel).__name__ != "InterpretedFunction":
+    tf = importlib.reload(tf)
+if type(tg._gemv_kernel).__name__ != "InterpretedFunction":
+    tg = importlib.reload(tg)
+
+
+def _ref_gemm(a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return (a.double() @ w.double().T).to(a.dtype)
+
+
+def _close(y: torch.Tensor, ref: torch.Tensor) -> None:
+    if y.dtype == torch.float32:
+        torch.testing.assert_close(y, ref, atol=1e-5, rtol=1e-5)
+    else:  # fp32 accumulation, then one rounding to the model dtype: within one ulp of the exact product
+        torch.testing.assert_close(y.float(), ref.float(), atol=1e-3, rtol=1 / 128)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("m", [1, 3, 16])
+def test_prologues_match_the_fused_kernels(dtype, m):
+    g = torch.Generator().manual_seed(m)
+    n, k = 40, 200  # neither a multiple of the blocks
+    x = torch.randn(m, k, generator=g).to(dtype)
+    res = torch.randn(m, k, generator=g).to(dtype)
+    nw = (1 + 0.1 * torch.randn(k, generator=g)).to(dtype)
+    w = (0.05 * torch.randn(n, k, generator=g)).to(dtype)
+    # plain
+    y, r = tg.gemv(x, w)
+    assert r is None
+    _close(y, _ref_gemm(x, w))
+    # RMSNorm prologue (no residual): the residual stream is x itself
+    y, r = tg.gemv(x, w, norm_weight=nw, eps=1e-5)
+    normed = tf.rms_norm(x, nw, 1e-5)
+    assert r is x
+    _close(y, _ref_gemm(normed, w))
+    # add + RMSNorm prologue: the new residual is h = residual + x exactly as fused_add_rms_norm gives it
+    y, r = tg.gemv(x, w, residual=res, norm_weight=nw, eps=1e-5)
+    normed, h = tf.fused_add_rms_norm(x, res, nw, 1e-5)
+    assert r is not None and torch.equal(r, h)
+    _close(y, _ref_gemm(normed, w))
+    # SiLU-mul prologue over [gate | up]
+    gu = torch.randn(m, 2 * k, generator=g).to(dtype)
+    y, r = tg.gemv(gu, w, silu_mul=True)
+    assert r is None
+    _close(y, _ref_gemm(tf.silu_mul(gu, k), w))
+
+
+def test_rows_do_not_depend_on_the_batch():
+    """Each row's product is computed the same way whatever the number of rows (one 16-row tile)."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(16, 96, generator=g).to(torch.bfloat16)
+    w = (0.05 * torch.randn(48, 96, generator=g)).to(torch.bfloat16)
+    full, _ = tg.gemv(x, w)
+    for i in (0, 5, 15):
+        one, _ = tg.gemv(x[i : i + 1].contiguous(), w)
+        assert torch.equal(one[0], full[i])
+
+
+def test_bad_shapes_raise():
+    x = torch.zeros(17, 8)
+    with pytest.raises(ValueError, match="at most 16 rows"):
+        tg.gemv(x, torch.zeros(4, 8))
+    with pytest.raises(ValueError, match="columns"):
+        tg.gemv(torch.zeros(2, 8), torch.zeros(4, 8), silu_mul=True)
+    y, r = tg.gemv(torch.zeros(0, 8), torch.zeros(4, 8))
+    assert y.shape == (0, 4) and r is None
+
+
+@pytest.mark.parametrize("qwen3,attn", [(True, "triton"), (False, "triton"), (True, "torch")])
+def test_six_kernel_layers_match_the_fused_path(qwen3, attn, monkeypatch):
+    """The model with SPECSERVE_TRITON_GEMV=1 (GEMMs with prologues) vs the nine-kernel fused path and the torch
+    path: hidden states, taps, logits, argmax and KV caches, over a prefill, a padded decode and a verify-like
+    step; more than 16 rows take the nine-kernel path."""
+    from test_fused_kernels import Batch, build_model, fused_backend, model_config
+
+    from specserve.layers.attention import TorchAttentionBackend
+
+    calls = []
+    real = tg.gemv
+
+    def counting(*a, **kw):  # type: ignore[no-untyped-def]
+        calls.append(1)
+        return real(*a, **kw)
+
+    monkeypatch.setattr(tg, "gemv", counting)
+    cfg = model_config(qwen3)
+    taps = [3, 0, 2]
+    ref = build_model(cfg, torch.float32, TorchAttentionBackend(), taps)
+    nine = build_model(cfg, torch.float32, fused_backend(attn), taps)
+    six = build_model(cfg, torch.float32, fused_backend(attn), taps)
+    batch = Batch()
+    steps = [
+        batch.step([p.tolist() for p in batch.prompts], [0, 0]),
+        batch.step([[7], [11]], [9, 5], pad=True),
+        batch.step([[1, 2, 3], [4]], [10, 6]),
+    ]
+    for ids, pos, meta in steps:
+        monkeypatch.setenv("SPECSERVE_TRITON_GEMV", "0")
+        h_ref, aux_ref = ref(ids, pos, meta)
+        h9, aux9 = nine(ids, pos, meta)
+        n0 = len(calls)
+        monkeypatch.setenv("SPECSERVE_TRITON_GEMV", "1")
+        h6, aux6 = six(ids, pos, meta)
+        assert len(calls) - n0 == 4 * cfg.num_hidden_layers  # qkv, o, gate_up, down per layer
+        rows = meta.slot_mapping >= 0
+        for a, b in ((h6, h9), (aux6, aux9), (h6, h_ref), (aux6, aux_ref)):
+            torch.testing.assert_close(a[rows], b[rows], atol=1e-4, rtol=1e-4)
+        assert torch.equal(aux6[:, 48:96], aux9[:, 48:96])  # the embeddings tap
+        assert torch.equal(
+            six.compute_logits(h6[rows]).argmax(-1), ref.compute_logits(h_ref[rows]).argmax(-1)
+        )
+    for (k6, v6), (k9, v9) in zip(six.kv_caches, nine.kv_caches):
+        torch.testing.assert_close(k6, k9, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(v6, v9, atol=1e-4, rtol=1e-4)
+    # 17+ rows: the nine-kernel path
+    n0 = len(calls)
+    big = Batch()
+    prompts = [list(range(1, 10)), list(range(20, 29))]
+    ids, pos, meta = big.step(prompts, [0, 0])
+    assert ids.shape[0] > tg.MAX_ROWS
+    six(ids, pos, meta)
+    assert len(calls) == n0
+
+
+def test_llm_greedy_and_dflash_lossless_with_gemv(tiny_qwen3_dir, tmp_path, monkeypatch):
+    """End to end through the engine on the Triton backend: plain greedy tokens equal the nine-kernel path's,
+    and DFlash K=4 (5-row verify steps through the same kernel) emits exactly the plain tokens."""
+    from drafters import make_dflash
+
+    from specserve import LLM, SamplingParams
+
+    monkeypatch.delenv("SPECSERVE_FUSED_KERNELS", raising=False)
+    prompts = ["The capital of France is", "1 2 3 4 5 6"]
+    sp = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    kw = dict(dtype="float32", device="cpu", attention_backend="triton", num_gpu_blocks=24)
+    outs = {}
+    for flag in ("0", "1"):
+        monkeypatch.setenv("SPECSERVE_TRITON_GEMV", flag)
+        outs[flag] = [o.outputs[0].token_ids for o in LLM(tiny_qwen3_dir, **kw).generate(prompts, sp)]
+    assert outs["1"] == outs["0"]
+    dflash = make_dflash(tmp_path / "d", 64, 4, 49152, layer_ids=[0, 2])
+    spec = {"method": "dflash", "model": dflash, "num_speculative_tokens": 4}
+    llm = LLM(tiny_qwen3_dir, speculative_config=spec, **kw)
+    assert [o.outputs[0].token_ids for o in llm.generate(prompts, sp)] == outs["1"]
+    assert llm.get_metrics()["spec_decode_num_drafts"] > 0
