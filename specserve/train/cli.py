@@ -147,7 +147,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--eval-only",
         action="store_true",
         help="validate the --init-from drafter on --val-data, print the result as JSON (and write "
-        "validation.json into --output if given); no training",
+        "validation.json into --output if given); no training. EAGLE-3 drafts --ttt-steps tokens per step "
+        "(its K), DFlash block_size - 1",
     )
     o.add_argument("--stop-after", type=int, default=None, help=argparse.SUPPRESS)
     o.add_argument(
