@@ -35,9 +35,12 @@ def _close(y: torch.Tensor, ref: torch.Tensor) -> None:
         torch.testing.assert_close(y.float(), ref.float(), atol=1e-3, rtol=1 / 128)
 
 
+@pytest.mark.parametrize("cfg", [None, "16,64,4,2,fma"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("m", [1, 3, 16])
-def test_prologues_match_the_fused_kernels(dtype, m):
+def test_prologues_match_the_fused_kernels(dtype, m, cfg, monkeypatch):
+    if cfg:  # the CUDA-core variant (a tile of next_pow2(m) rows)
+        monkeypatch.setenv("SPECSERVE_GEMV_CFG", cfg)
     g = torch.Generator().manual_seed(m)
     n, k = 40, 200  # neither a multiple of the blocks
     x = torch.randn(m, k, generator=g).to(dtype)

@@ -38,12 +38,16 @@ def enabled() -> bool:
     return os.environ.get("SPECSERVE_TRITON_GEMV", "0") == "1"
 
 
-def _config() -> tuple[int, int, int, int]:
+def _config() -> tuple[int, int, int, int, bool]:
+    """(BLOCK_N, BLOCK_K, num_warps, num_stages, use tl.dot) from ``SPECSERVE_GEMV_CFG="BN,BK,W,S[,fma]"``;
+    ``fma``: CUDA-core multiply-and-reduce over a tile of next_pow2(rows) rows instead of a 16-row tl.dot (fewer
+    wasted lanes at batch 1-4; the per-row arithmetic then depends on the row count)."""
     raw = os.environ.get("SPECSERVE_GEMV_CFG")
     if raw:
-        bn, bk, nw, ns = (int(v) for v in raw.split(","))
-        return bn, bk, nw, ns
-    return 16, 256, 4, 3
+        parts = raw.split(",")
+        bn, bk, nw, ns = (int(v) for v in parts[:4])
+        return bn, bk, nw, ns, not (len(parts) > 4 and parts[4].strip() == "fma")
+    return 16, 256, 4, 3, True
 
 
 @triton.jit
@@ -88,6 +92,7 @@ def _gemv_kernel(
     BLOCK_K: tl.constexpr,
     NUM_STAGES: tl.constexpr,
     EXACT_DOT: tl.constexpr,
+    USE_DOT: tl.constexpr,
 ):
     pid = tl.program_id(0)
     offs_m = tl.arange(0, BLOCK_M)
@@ -116,7 +121,9 @@ def _gemv_kernel(
         mk = offs_k < K
         x = _prologue(x_ptr, r_ptr, nw_ptr, rows, offs_k, mask_m[:, None] & mk[None, :], stride_x, stride_r, K, rstd, PRO, MODE)  # fmt: skip
         w = tl.load(w_ptr + wrows + offs_k[None, :], mask=mask_n[:, None] & mk[None, :], other=0.0)
-        if MODE == 0 or EXACT_DOT:  # fp32 models; the interpreter (its bf16 dot is not reliable)
+        if not USE_DOT:  # [BLOCK_M, 1, BLOCK_K] * [1, BLOCK_N, BLOCK_K], reduced over K on the CUDA cores
+            acc += tl.sum(x[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
+        elif MODE == 0 or EXACT_DOT:  # fp32 models; the interpreter (its bf16 dot is not reliable)
             acc += tl.dot(x, tl.trans(w.to(tl.float32)), input_precision="ieee")
         else:  # tensor cores: bf16/fp16 operands (x holds model-dtype values: exact), fp32 accumulation
             acc += tl.dot(x.to(w.dtype), tl.trans(w))
@@ -162,7 +169,8 @@ def gemv(
         raise ValueError("gemv: residual must match x")
     if m == 0:
         return y, (res_out if pro == _ADD_NORM else (x if pro == _NORM else None))
-    bn, bk, nw, ns = _config()
+    bn, bk, nw, ns, use_dot = _config()
+    block_m = MAX_ROWS if use_dot else max(1, triton.next_power_of_2(m))
     r = residual if residual is not None else x
     ro = res_out if res_out is not None else x
     _gemv_kernel[(triton.cdiv(n, bn),)](
@@ -183,11 +191,12 @@ def gemv(
         float(eps),
         PRO=pro,
         MODE=_mode(x.dtype),
-        BLOCK_M=MAX_ROWS,
+        BLOCK_M=block_m,
         BLOCK_N=bn,
         BLOCK_K=bk,
         NUM_STAGES=ns,
         EXACT_DOT=os.environ.get("TRITON_INTERPRET", "0") == "1",
+        USE_DOT=use_dot,
         num_warps=nw,
     )
     if pro == _ADD_NORM:
