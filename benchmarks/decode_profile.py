@@ -143,7 +143,7 @@ def main() -> int:
         "--gemv-sweep",
         nargs="*",
         default=None,
-        metavar="BN,BK,WARPS,STAGES",
+        metavar="BN,BK,WARPS,STAGES[,fma]",
         help="also time the step with SPECSERVE_TRITON_GEMV=1 (the six-kernel layer) for each launch config "
         "(none given: a default list), next to the nine-kernel graph time",
     )
@@ -202,13 +202,9 @@ def main() -> int:
     sweep = []
     if a.gemv_sweep is not None and CUDA:
         cfgs = a.gemv_sweep or [
-            "16,256,4,3",
-            "16,512,4,3",
-            "16,128,4,4",
-            "32,256,4,3",
-            "16,256,8,3",
-            "32,512,8,3",
-        ]
+            "16,256,4,3", "16,512,4,3", "16,128,4,4", "32,256,4,3", "16,256,8,3",
+            "16,256,4,3,fma", "32,256,4,3,fma", "64,128,4,3,fma", "16,512,8,3,fma",
+        ]  # fmt: skip
         os.environ["SPECSERVE_TRITON_GEMV"] = "1"
         print(f"\nsix-kernel layer (SPECSERVE_TRITON_GEMV=1) vs the nine-kernel graph {g_ms:.3f} ms:")
         for c in cfgs:
