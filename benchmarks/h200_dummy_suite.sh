@@ -27,7 +27,7 @@ timeout "${STEP_TIME:-190}" python benchmarks/step_latency.py --config-dir "$CFG
     | tee "$W/step_latency-raw.log" | grep -v "^\[transformers\]\|^{" | tee "$W/step_latency-h200.log"
 say "step latency"
 for b in 1 8; do
-    timeout "${PROFILE_TIME:-90}" python benchmarks/decode_profile.py --config-dir "$CFG/qwen3-8b" --batch $b \
+    timeout "${PROFILE_TIME:-120}" python benchmarks/decode_profile.py --config-dir "$CFG/qwen3-8b" --batch $b \
         --gemv-sweep --out "$W/decode_profile-b$b.json" 2>&1 | grep -v "^\[transformers\]" | tee "$W/decode_profile-b$b.log"
 done
 say "decode profile"
