@@ -74,7 +74,7 @@ def generate_main(argv: list[str]) -> int:
 
         spec = args.speculative_config
         if spec is None and args.model is None and not args.no_speculation:
-            spec = default_speculative_config()
+            spec = default_speculative_config(args.device)
         if args.no_speculation:
             spec = None
         params = SamplingParams(

@@ -324,16 +324,16 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
     }
     kwargs.update({k: v for k, v in optional.items() if v is not None})
     if kwargs["speculative_config"] is None and args.model_tag is None and not args.no_speculation:
-        kwargs["speculative_config"] = _demo_speculative_config()
+        kwargs["speculative_config"] = _demo_speculative_config(args.device)
     known = {f.name for f in fields(EngineConfig)}
     return EngineConfig(**{k: v for k, v in kwargs.items() if k in known})
 
 
-def _demo_speculative_config() -> Any:
-    """The bundled demo's default drafter (None while no drafter is bundled)."""
+def _demo_speculative_config(device: str | None) -> Any:
+    """The bundled demo's default drafter (None while no drafter is bundled); K depends on the device."""
     from specserve.assets import default_speculative_config
 
-    return default_speculative_config()
+    return default_speculative_config(device)
 
 
 def print_error(message: str) -> None:
