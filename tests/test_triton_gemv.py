@@ -166,3 +166,18 @@ def test_llm_greedy_and_dflash_lossless_with_gemv(tiny_qwen3_dir, tmp_path, monk
     llm = LLM(tiny_qwen3_dir, speculative_config=spec, **kw)
     assert [o.outputs[0].token_ids for o in llm.generate(prompts, sp)] == outs["1"]
     assert llm.get_metrics()["spec_decode_num_drafts"] > 0
+
+
+def test_projection_biases_keep_the_nine_kernel_path(monkeypatch):
+    """Qwen2-style q/k/v biases: the GEMM prologue kernel has no bias, so such models stay on the fused path."""
+    from test_fused_kernels import Batch, build_model, fused_backend, model_config
+
+    calls = []
+    real = tg.gemv
+    monkeypatch.setattr(tg, "gemv", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    monkeypatch.setenv("SPECSERVE_TRITON_GEMV", "1")
+    model = build_model(model_config(False, attention_bias=True), torch.float32, fused_backend("torch"), [])
+    assert model.layers[0].self_attn.qkv_proj.bias is not None
+    ids, pos, meta = Batch().step([[1, 2, 3], [4]], [0, 0])
+    h, _ = model(ids, pos, meta)
+    assert calls == [] and torch.isfinite(h).all()
