@@ -207,21 +207,37 @@ def run_layers_fused(
     """
     want = set(tap_indices)
     taps: dict[int, torch.Tensor] = {}
-    if _gemv_path(layers, h):
-        return _run_layers_gemv(layers, h, positions, meta, caches, backend, norm, want)
+    run_layer = _layer_gemv if _gemv_path(layers, h) else _layer_fused
     x, residual = h, None
-    n = 0
     for i, mod in enumerate(layers):
-        layer = cast(DecoderLayer, mod)
-        normed, residual = add_rms_norm(x, residual, layer.input_layernorm)
+        x, entering, residual = run_layer(
+            cast(DecoderLayer, mod), x, residual, positions, meta, caches[i], backend
+        )
         if i in want:
-            taps[i] = residual
-        x, residual = layer.forward_fused(normed, residual, positions, meta, caches[i], backend)
-        n = i + 1
+            taps[i] = entering
     out, residual = add_rms_norm(x, residual, norm)
-    if n in want:
-        taps[n] = residual
+    if len(layers) in want:
+        taps[len(layers)] = residual
     return out, taps
+
+
+LayerOut = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+def _layer_fused(
+    layer: DecoderLayer,
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    positions: torch.Tensor,
+    meta: AttnMetadata,
+    cache: KVCache,
+    backend: AttentionBackend,
+) -> LayerOut:
+    """Nine kernels: (MLP output, residual stream entering the layer, residual after attention); ``x`` and
+    ``residual`` are the previous layer's (their sum is the stream entering this one; residual None: x is it)."""
+    normed, entering = add_rms_norm(x, residual, layer.input_layernorm)
+    x, after_attn = layer.forward_fused(normed, entering, positions, meta, cache, backend)
+    return x, entering, after_attn
 
 
 def _gemv_path(layers: nn.ModuleList, h: torch.Tensor) -> bool:
@@ -230,45 +246,33 @@ def _gemv_path(layers: nn.ModuleList, h: torch.Tensor) -> bool:
 
     if not triton_gemv.enabled() or h.shape[0] > triton_gemv.MAX_ROWS or not len(layers):
         return False
-    first = cast(DecoderLayer, layers[0])
-    a = first.self_attn
+    a = cast(DecoderLayer, layers[0]).self_attn
     return a.qkv_proj.bias is None and a.o_proj.bias is None
 
 
-def _run_layers_gemv(
-    layers: nn.ModuleList,
-    h: torch.Tensor,
+def _layer_gemv(
+    layer: DecoderLayer,
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
     positions: torch.Tensor,
     meta: AttnMetadata,
-    caches: list[KVCache],
+    cache: KVCache,
     backend: AttentionBackend,
-    norm: RMSNorm,
-    want: set[int],
-) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
-    """``run_layers_fused`` with the add+RMSNorm and SiLU-mul kernels folded into the GEMMs' prologues
-    (:mod:`specserve.layers.triton_gemv`): six kernels per layer. Same residual stream and taps."""
+) -> LayerOut:
+    """``_layer_fused`` with the add+RMSNorm and SiLU-mul kernels folded into the GEMMs' prologues
+    (:mod:`specserve.layers.triton_gemv`): six kernels. Same residual stream."""
     from specserve.layers.triton_gemv import gemv
 
-    taps: dict[int, torch.Tensor] = {}
-    x, residual = h, None
-    n = 0
-    for i, mod in enumerate(layers):
-        layer = cast(DecoderLayer, mod)
-        attn, mlp = layer.self_attn, layer.mlp
-        ln, pn = layer.input_layernorm, layer.post_attention_layernorm
-        qkv, residual = gemv(x, attn.qkv_proj.weight, residual=residual, norm_weight=ln.weight, eps=ln.eps)
-        assert residual is not None
-        if i in want:
-            taps[i] = residual
-        q = attn.rope_store_qkv(qkv, positions, meta, caches[i])
-        o, _ = gemv(attn.attend(q, meta, caches[i], backend), attn.o_proj.weight)
-        gu, residual = gemv(o, mlp.gate_up_proj.weight, residual=residual, norm_weight=pn.weight, eps=pn.eps)
-        x, _ = gemv(gu, mlp.down_proj.weight, silu_mul=True)
-        n = i + 1
-    out, residual = add_rms_norm(x, residual, norm)
-    if n in want:
-        taps[n] = residual
-    return out, taps
+    attn, mlp = layer.self_attn, layer.mlp
+    ln, pn = layer.input_layernorm, layer.post_attention_layernorm
+    qkv, entering = gemv(x, attn.qkv_proj.weight, residual=residual, norm_weight=ln.weight, eps=ln.eps)
+    assert entering is not None
+    q = attn.rope_store_qkv(qkv, positions, meta, cache)
+    o, _ = gemv(attn.attend(q, meta, cache, backend), attn.o_proj.weight)
+    gu, after_attn = gemv(o, mlp.gate_up_proj.weight, residual=entering, norm_weight=pn.weight, eps=pn.eps)
+    assert after_attn is not None
+    down, _ = gemv(gu, mlp.down_proj.weight, silu_mul=True)
+    return down, entering, after_attn
 
 
 class DecoderLM(nn.Module):

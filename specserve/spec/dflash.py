@@ -73,7 +73,6 @@ class DFlashProposer(Proposer):
         self.runner = runner
         self.caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.graphs: Any = None
-        self.fused: Any = None  # the fused step's graphs (setup_fused_step)
 
     @property
     def tap_indices(self) -> list[int]:
@@ -128,7 +127,6 @@ class DFlashProposer(Proposer):
         Off with a non-padded drafter batch or the spec config's enforce_eager (today's path then).
         """
         from specserve.layers.attention import AttnMetadata
-        from specserve.runner.cuda_graphs import BucketedGraphs
 
         runner, K = self.runner, self.num_speculative_tokens
         spec = runner.config.speculative_config
@@ -141,7 +139,6 @@ class DFlashProposer(Proposer):
         cols = torch.arange(q, device=dev)
         masks = torch.full((buf.max_batch, K), self.model.mask_token_id, dtype=torch.long, device=dev)
         backend = runner.backend
-        self._fused_in: tuple[torch.Tensor, torch.Tensor] | None = None
 
         def fn(b: int) -> torch.Tensor:
             assert self._fused_in is not None
@@ -181,28 +178,7 @@ class DFlashProposer(Proposer):
             drafts = runner.model.compute_logits(hidden.view(b, q, -1)[:, 1:]).argmax(-1)
             return torch.cat([packed, torch.where(active[:, None], drafts, -1)], 1)
 
-        def prepare(b: int) -> None:
-            # an empty batch (no KV writes anywhere) and sane target outputs to read during warm-up and capture
-            buf.fill(b, [], bs)
-            _, feats, packed = target.run(b)
-            self._fused_in = (feats, packed)
-
-        self.fused = BucketedGraphs(
-            "dflash fused step", fn, target.buckets, dev, capture, target.pool, prepare=prepare
-        )
-        self._fused_in = None
-        self._fused_target = target
-        return True
-
-    def run_fused_step(self, features: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
-        b = packed.shape[0]
-        if b in self.fused.graphs:  # a captured graph reads the target graph's static outputs
-            assert packed is self._fused_target.outputs[b][2]
-        self._fused_in = (features, packed)
-        try:
-            return self.fused.run(b)
-        finally:
-            self._fused_in = None
+        return self._capture_fused_step("dflash fused step", fn, target, buf, bs, capture)
 
     def _query_uniform(self, inputs: list[DraftInput], drafting: list[int]) -> list[list[int]]:
         """The query pass as one graph replay over [last token, MASK x K] per drafting request."""

@@ -60,7 +60,6 @@ class Eagle3Proposer(Proposer):
         self.runner = runner
         self.cache: tuple[torch.Tensor, torch.Tensor] | None = None
         self.graphs: Any = None
-        self.fused: Any = None  # the fused step's graphs (setup_fused_step)
 
     @property
     def tap_indices(self) -> list[int]:
@@ -130,7 +129,6 @@ class Eagle3Proposer(Proposer):
         committed rows' results. Off without the padded drafter graphs or with the spec config's enforce_eager.
         """
         from specserve.layers.attention import AttnMetadata
-        from specserve.runner.cuda_graphs import BucketedGraphs
 
         runner, K = self.runner, self.num_speculative_tokens
         spec = runner.config.speculative_config
@@ -144,7 +142,6 @@ class Eagle3Proposer(Proposer):
         steps = torch.arange(1, K, device=dev)
         backend = runner.backend
         max_seq = runner.max_model_len + 2 * q
-        self._fused_in: tuple[torch.Tensor, torch.Tensor] | None = None
 
         def fn(b: int) -> torch.Tensor:
             assert self._fused_in is not None
@@ -186,28 +183,7 @@ class Eagle3Proposer(Proposer):
             drafts = torch.stack(outs, 1)
             return torch.cat([packed, torch.where(active[:, None], drafts, -1)], 1)
 
-        def prepare(b: int) -> None:
-            # an empty batch (no KV writes anywhere) and sane target outputs to read during warm-up and capture
-            buf.fill(b, [], bs)
-            _, feats, packed = target.run(b)
-            self._fused_in = (feats, packed)
-
-        self.fused = BucketedGraphs(
-            "eagle3 fused step", fn, target.buckets, dev, capture, target.pool, prepare=prepare
-        )
-        self._fused_in = None
-        self._fused_target = target
-        return True
-
-    def run_fused_step(self, features: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
-        b = packed.shape[0]
-        if b in self.fused.graphs:  # a captured graph reads the target graph's static outputs
-            assert packed is self._fused_target.outputs[b][2]
-        self._fused_in = (features, packed)
-        try:
-            return self.fused.run(b)
-        finally:
-            self._fused_in = None
+        return self._capture_fused_step("eagle3 fused step", fn, target, buf, bs, capture)
 
     def _steps_uniform(
         self,

@@ -25,6 +25,11 @@ class Proposer:
     """Proposes up to ``num_speculative_tokens`` drafts per request from the step that just ran."""
 
     method = "base"
+    fused: Any = None  # the fused step's bucketed graphs (_capture_fused_step), if any
+    _fused_target: Any = None
+    _fused_in: tuple[torch.Tensor, torch.Tensor] | None = (
+        None  # the verify graph's (features, packed), during a run
+    )
 
     def __init__(self, num_speculative_tokens: int) -> None:
         self.num_speculative_tokens = num_speculative_tokens
@@ -61,7 +66,37 @@ class Proposer:
 
     def run_fused_step(self, features: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
         """The drafter half of a fused step, right after the target's verify graph (no host sync between)."""
-        raise NotImplementedError
+        fused = self.fused
+        if fused is None:
+            raise NotImplementedError
+        b = packed.shape[0]
+        if b in fused.graphs:  # a captured graph reads the target graph's static outputs
+            assert packed is self._fused_target.outputs[b][2]
+        self._fused_in = (features, packed)
+        try:
+            return fused.run(b)
+        finally:
+            self._fused_in = None
+
+    def _capture_fused_step(
+        self, name: str, fn: Any, target: Any, buf: Any, block_size: int, capture: bool
+    ) -> bool:
+        """Shared by the fused steps: ``fn(b)`` reads ``self._fused_in`` = (features, packed) of the target's verify
+        graph; bucketed like ``target`` and captured in its memory pool. Warm-up and capture run on an empty batch
+        (no KV writes anywhere) with the target graph's own outputs as inputs."""
+        from specserve.runner.cuda_graphs import BucketedGraphs
+
+        def prepare(b: int) -> None:
+            buf.fill(b, [], block_size)
+            _, feats, packed = target.run(b)
+            self._fused_in = (feats, packed)
+
+        self.fused = BucketedGraphs(
+            name, fn, target.buckets, buf.device, capture, target.pool, prepare=prepare
+        )
+        self._fused_in = None
+        self._fused_target = target
+        return True
 
 
 class NgramProposer(Proposer):
