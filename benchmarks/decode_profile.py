@@ -205,6 +205,12 @@ def main() -> int:
             "16,256,4,3", "16,512,4,3", "16,128,4,4", "32,256,4,3", "16,256,8,3",
             "16,256,4,3,fma", "32,256,4,3,fma", "64,128,4,3,fma", "16,512,8,3,fma",
         ]  # fmt: skip
+
+        def logits() -> torch.Tensor:
+            with torch.inference_mode():
+                return model.compute_logits(model(ids, pos, meta)[0]).float()
+
+        ref = logits()
         os.environ["SPECSERVE_TRITON_GEMV"] = "1"
         print(f"\nsix-kernel layer (SPECSERVE_TRITON_GEMV=1) vs the nine-kernel graph {g_ms:.3f} ms:")
         for c in cfgs:
@@ -212,13 +218,25 @@ def main() -> int:
             try:
                 with torch.inference_mode():
                     ms = graph_ms(step_fn(model, ids, pos, meta))
+                got = logits()  # eager, same kernels: the values the graph computes
+                rel = float((got - ref).abs().max() / ref.abs().max().clamp_min(1e-6))
+                same = bool((got.argmax(-1) == ref.argmax(-1)).all())
                 err = None
             except Exception as e:  # noqa: BLE001 - a config that does not compile / fit: report it, go on
-                ms, err = float("nan"), f"{type(e).__name__}: {str(e)[:120]}"
-            sweep.append(dict(config=c, graph_ms=ms, x_floor=ms / floor_ms, error=err))
+                ms, rel, same, err = float("nan"), float("nan"), False, f"{type(e).__name__}: {str(e)[:120]}"
+            sweep.append(
+                dict(
+                    config=c,
+                    graph_ms=ms,
+                    x_floor=ms / floor_ms,
+                    logits_max_rel_diff=rel,
+                    same_argmax=same,
+                    error=err,
+                )
+            )
             print(
-                f"  BN,BK,warps,stages={c:<12} {ms:.3f} ms = {ms / floor_ms:.3f}x floor"
-                + (f"  {err}" if err else "")
+                f"  BN,BK,warps,stages={c:<12} {ms:.3f} ms = {ms / floor_ms:.3f}x floor; logits vs nine-kernel: "
+                f"max rel diff {rel:.2e}, same argmax {same}" + (f"  {err}" if err else "")
             )
         os.environ.pop("SPECSERVE_TRITON_GEMV")
         os.environ.pop("SPECSERVE_GEMV_CFG")
