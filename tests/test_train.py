@@ -664,6 +664,17 @@ def test_init_from_continues_an_exported_drafter(tmp_path, tiny):
     fresh0 = first.metrics["history"][0]["loss"]
     assert more.metrics["history"][0]["loss"] < fresh0 - 0.5
     assert more.metrics["history"][0]["loss"] < first.metrics["history"][-1]["loss"] + 0.3
+    # training.json tells the whole lineage: a third generation lists both earlier runs, oldest first
+    run(parse_args(_dflash_args(tiny, str(tmp_path / "g3"), "--max-steps", "3", "--epochs", "100",
+                                "--init-from", str(tmp_path / "b"))))  # fmt: skip
+    with open(tmp_path / "a" / "training.json") as f:
+        assert "earlier_runs" not in json.load(f)
+    with open(tmp_path / "g3" / "training.json") as f:
+        info = json.load(f)
+    runs = info["earlier_runs"]
+    assert [r["steps"] for r in runs] == [30, 5] and info["total_steps_all_runs"] == 38
+    assert "--max-steps 30" in runs[0]["command"] and str(tmp_path / "a") in runs[1]["command"]
+    assert runs[1]["final"]["loss"] == more.metrics["final"]["loss"]
     bad = str(tmp_path / "a")
     assert main(["eagle3", "--target", tiny["target"], "--data", tiny["data"], "--output", str(tmp_path / "c"),
                  "--init-from", bad]) == 2  # fmt: skip

@@ -635,10 +635,38 @@ def run(a: argparse.Namespace) -> TrainResult:
             history=metrics["history"],
             val_history=metrics["val_history"],
         )
+        if a.init_from:
+            info.update(_lineage(a.init_from, int(metrics["steps"])))
         paths = export_drafter(drafter, a.output, info)
         size = os.path.getsize(paths["weights"])
         _log(f"exported {a.method} drafter to {a.output} ({size / 1e6:.2f} MB); final {metrics['final']}")
     return TrainResult(drafter, a.output, data_path, metrics)
+
+
+def _lineage(init_from: str, steps: int) -> dict[str, Any]:
+    """A continued run's provenance: the ``--init-from`` drafter's own earlier runs plus that run itself (command,
+    steps, seconds, final metrics, validation), so an exported drafter's training.json tells its whole training."""
+    path = os.path.join(init_from, "training.json")
+    try:
+        with open(path, encoding="utf-8") as f:
+            prev = json.load(f)
+    except (OSError, ValueError):
+        return dict(earlier_runs=None, total_steps_all_runs=None)  # weights of unknown history
+    runs = list(prev.get("earlier_runs") or [])
+    train = prev.get("train") or {}
+    runs.append(
+        dict(
+            command=prev.get("command"),
+            steps=train.get("steps"),
+            seconds=train.get("seconds"),
+            final=train.get("final"),
+            val=train.get("val"),
+            data=(prev.get("data") or {}).get("path"),
+        )
+    )
+    known = [r.get("steps") for r in runs]
+    total = steps + sum(known) if all(isinstance(n, int) for n in known) else None
+    return dict(earlier_runs=runs, total_steps_all_runs=total)
 
 
 def _eval_only(a: argparse.Namespace, device: torch.device, dtype: torch.dtype) -> TrainResult:
