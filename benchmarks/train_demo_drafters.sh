@@ -19,12 +19,14 @@
 # DATA_FILE (a data.jsonl[.gz] from an earlier run: skips generation; every run leaves data.jsonl.gz in $OUT),
 # INIT_FROM_ASSETS=1 (continue training the drafters already in $ASSETS instead of starting from scratch),
 # EAGLE_TIME_PCT (EAGLE-3's share of the training time in percent, default 100: both train side by side for the
-# whole budget; less stops EAGLE-3 early and leaves the GPU to DFlash for the rest),
+# whole budget; less stops EAGLE-3 early and leaves the GPU to DFlash for the rest; 0 leaves EAGLE-3 as it is),
 # VAL_DATA (a samples .jsonl[.gz] of prompts never trained on, e.g. the target's answers to gsm8k_train prompts
 # the demo data does not use: validated before, every EVAL_EVERY (default 200) steps and after training; its
 # chain_tau is the acceptance length the engine would report on those answers),
 # EXTRA_PROMPTS (more prompt files for the data generation, e.g. the rest of gsm8k_train minus VAL_DATA's),
-# WEIGHT_DECAY (AdamW weight decay, default 0).
+# WEIGHT_DECAY (AdamW weight decay, default 0), LR (peak learning rate, default 6e-4), DFLASH_LAYERS /
+# DFLASH_INTERMEDIATE (the DFlash drafter's shape for a run from scratch, default 3 / 704: ~14.6 MB in bf16; the
+# bundled drafters together may take 25 MB, EAGLE-3's head 9.7 of them).
 set -euo pipefail
 : "${SMOLLM2_GGUF:?set SMOLLM2_GGUF to SmolLM2-135M-Instruct.Q4_1.gguf}"
 : "${DATA_DIR:?set DATA_DIR to the shared data directory (gsm8k_train.jsonl, corpus/, ...)}"
@@ -65,27 +67,32 @@ TRAIN_TIME=$((BUDGET - (T1 - T0) - 75))
 EAGLE_TIME=$((TRAIN_TIME * ${EAGLE_TIME_PCT:-100} / 100))
 echo "[demo] training budget $TRAIN_TIME s (EAGLE-3: $EAGLE_TIME s)" >&2
 COMMON=(--target "$SMOLLM2_GGUF" --data "$WORK/data/data.jsonl" --batch-size 32 --max-length 1536
-        --epochs 100 --lr 6e-4 --warmup-ratio 0.04 --save-every 0 --log-every 20 --seed 0 --no-progress
+        --epochs 100 --lr "${LR:-6e-4}" --warmup-ratio 0.04 --save-every 0 --log-every 20 --seed 0 --no-progress
         --weight-decay "${WEIGHT_DECAY:-0}")
 [ -z "${VAL_DATA:-}" ] || COMMON+=(--val-data "$VAL_DATA" --eval-every "${EVAL_EVERY:-200}")
 INIT_D=(); INIT_E=()
 if [ "${INIT_FROM_ASSETS:-0}" = 1 ]; then
+    rm -rf "$WORK/init-dflash" "$WORK/init-eagle3"  # a reused WORK_DIR: cp -r would nest the copies
     cp -r "$ASSETS/smollm2-135m-dflash" "$WORK/init-dflash"; cp -r "$ASSETS/smollm2-135m-eagle3" "$WORK/init-eagle3"
     INIT_D=(--init-from "$WORK/init-dflash"); INIT_E=(--init-from "$WORK/init-eagle3")
 fi
 $TRAIN dflash --max-time "$TRAIN_TIME" "${COMMON[@]}" "${INIT_D[@]}" --output "$ASSETS/smollm2-135m-dflash" --work-dir "$WORK/dflash" \
-    --num-layers 3 --intermediate-size 704 --block-size 16 --num-anchors 256 --max-steps "$DFLASH_STEPS" \
+    --num-layers "${DFLASH_LAYERS:-3}" --intermediate-size "${DFLASH_INTERMEDIATE:-704}" --block-size 16 --num-anchors 256 --max-steps "$DFLASH_STEPS" \
     > "$WORK/dflash.log" 2>&1 &
 PID_D=$!
-$TRAIN eagle3 --max-time "$EAGLE_TIME" "${COMMON[@]}" "${INIT_E[@]}" --output "$ASSETS/smollm2-135m-eagle3" --work-dir "$WORK/eagle3" \
-    --intermediate-size 1280 --ttt-steps 7 --max-steps "$EAGLE_STEPS" \
-    > "$WORK/eagle3.log" 2>&1 &
-PID_E=$!
+PID_E=
+if [ "$EAGLE_TIME" -gt 0 ]; then
+    $TRAIN eagle3 --max-time "$EAGLE_TIME" "${COMMON[@]}" "${INIT_E[@]}" --output "$ASSETS/smollm2-135m-eagle3" --work-dir "$WORK/eagle3" \
+        --intermediate-size 1280 --ttt-steps 7 --max-steps "$EAGLE_STEPS" \
+        > "$WORK/eagle3.log" 2>&1 &
+    PID_E=$!
+fi
 RC=0
 wait $PID_D || RC=$?
-wait $PID_E || RC=$?
-tail -n 3 "$WORK/dflash.log" "$WORK/eagle3.log" >&2
-grep -h "validation at step" "$WORK/dflash.log" "$WORK/eagle3.log" >&2 || true
+[ -z "$PID_E" ] || wait $PID_E || RC=$?
+LOGS=("$WORK/dflash.log"); [ -z "$PID_E" ] || LOGS+=("$WORK/eagle3.log")
+tail -n 3 "${LOGS[@]}" >&2
+grep -h "validation at step" "${LOGS[@]}" >&2 || true
 T2=$(date +%s); echo "[demo] trained in $((T2 - T1)) s; total $((T2 - T0)) s" >&2
 [ "$RC" -eq 0 ] || { echo "[demo] training failed (rc $RC); logs in $WORK" >&2; exit "$RC"; }
 
