@@ -114,6 +114,18 @@ def read_bandwidth() -> float:
     return 4 * 2**30 / dt
 
 
+def read_weight_bytes(model: torch.nn.Module) -> int:
+    """Bytes a decode step reads: every parameter, but an input embedding not tied to the LM head only as the rows
+    it gathers (~0). Until session 5 (2026-12-03) the whole embedding was counted, 1.24 GB of the Qwen3-8B shape
+    (untied): a floor 8% too lenient, so earlier "x floor" values are 8% low (decode_profile.py always did this)."""
+    total = sum(p.numel() * p.element_size() for p in model.parameters())
+    emb = getattr(getattr(model, "embed_tokens", None), "weight", None)
+    head = getattr(getattr(model, "lm_head", None), "weight", None)
+    if emb is not None and (head is None or head.data_ptr() != emb.data_ptr()):
+        total -= emb.numel() * emb.element_size()
+    return total
+
+
 def run_config(
     model_dir: str, spec: dict | None, batches: list[int], eager: bool, max_tokens: int
 ) -> list[dict]:
@@ -133,7 +145,7 @@ def run_config(
         async_spec=True,  # measured on, then off in the same run (opt-in in the engine until measured)
     )
     eng = llm.engine
-    weight_bytes = sum(p.numel() * p.element_size() for p in eng.runner.model.parameters())
+    weight_bytes = read_weight_bytes(eng.runner.model)
     steps = {"n": 0}
     orig = eng.step
 
