@@ -1,7 +1,10 @@
 """Skinny GEMMs (at most 16 rows: decode at batch <= 16) with the decoder layer's small ops fused in front.
 
-Experimental and off by default (``SPECSERVE_TRITON_GEMV=1`` turns it on; never timed on a GPU yet): with it the
-fused decoder layer is six kernels instead of nine (see :func:`specserve.models.llama.run_layers_fused`):
+Experimental and off by default (``SPECSERVE_TRITON_GEMV=1`` turns it on): with it the fused decoder layer is six
+kernels instead of nine (see :func:`specserve.models.llama.run_layers_fused`). Measured on the H200 (session 5,
+``benchmarks/results/h200-2026-12-03-s5/decode_profile-b1.log``): correct (logits within bf16 rounding of the
+nine-kernel step, same argmax) but slower: 7.5 ms per Qwen3-8B-shaped decode step at best (``16,512,8,3,fma``) vs
+5.1 ms with cuBLAS's GEMVs, whose split-K launches keep far more CTAs streaming weights. Kept for tuning.
 
     qkv      = W_qkv  @ RMSNorm(residual + x)      (add + norm prologue; program 0 writes the new residual)
     rope_store, attention                          (unchanged)
