@@ -6,7 +6,8 @@
 # 1b. sampling inside the graphs (temperature 0.8) vs greedy: tok/s and the share of steps on the graph path
 # 2. step latency, Qwen3-8B shape: plain, DFlash K=4/15, EAGLE-3 K=4/7, batch 1/2/4/8, graphs vs eager, HF forward,
 #    weight-read floor, async scheduling on/off
-# 2b. where a plain decode step's GPU time goes (decode_profile.py: per-GEMM read rate, kernels, graph gaps), b1/b8
+# 2b. where a plain decode step's GPU time goes (decode_profile.py: per-GEMM read rate, kernels, graph gaps), b1/b8;
+#     gemm_layouts.py: each decode GEMM shape as F.linear / x @ W.T-stored / no reduced-precision reduction / Triton
 # 3. SmolLM2-135M shape batch 1: HF transformers eager + static cache (compiled, warmed up) vs specserve plain
 #    and DFlash K=15 (random weights: speed only; acceptance of a random target is meaningless)
 set -uo pipefail
@@ -31,6 +32,10 @@ for b in 1 8; do
         --gemv-sweep --out "$W/decode_profile-b$b.json" 2>&1 | grep -v "^\[transformers\]" | tee "$W/decode_profile-b$b.log"
 done
 say "decode profile"
+# decode GEMMs per weight layout / cuBLAS setting / Triton skinny GEMM: which one streams the weights fastest
+timeout "${LAYOUT_TIME:-150}" python benchmarks/gemm_layouts.py --config-dir "$CFG/qwen3-8b" --rows 1 4 8 16 \
+    --out "$W/gemm_layouts.json" 2>&1 | grep -v "^\[transformers\]" | tee "$W/gemm_layouts.log"
+say "gemm layouts"
 # the experimental six-kernel layer (SPECSERVE_TRITON_GEMV=1) through the engine: plain b1/b8, DFlash K=15 b1
 SPECSERVE_TRITON_GEMV=1 timeout "${GEMV_TIME:-90}" python benchmarks/step_latency.py --config-dir "$CFG/qwen3-8b" \
     --batches 1 8 --max-tokens 48 --configs plain dflash:15 --skip-eager --skip-hf \
