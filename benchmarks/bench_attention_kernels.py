@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import itertools
 import json
 import os
 import subprocess
@@ -253,21 +254,22 @@ def run_store_kv(args: argparse.Namespace, copy_gbs: float) -> tuple[list[dict[s
     return rows, ok
 
 
-def run_sweep() -> list[dict[str, Any]]:
-    """Decode/verify tile configs and split counts at the extremes (B 1 and 8, seq 4096); graph replay times."""
+def run_sweep(seqs: tuple[int, ...] = (4096,)) -> list[dict[str, Any]]:
+    """Decode/verify tile configs and split counts at the extremes (B 1 and 8, each context length in ``seqs``);
+    graph replay times."""
     rows: list[dict[str, Any]] = []
     print("\nsweep (graph_us; best first per shape)")
     gen = torch.Generator(device="cuda").manual_seed(3)
     for model, (h, hk, d) in MODELS.items():
         for b in (1, 8):
-            for q_len in (1, 16):
-                m = make_paged(b, q_len, 4096, h, hk, d, gen)
+            for q_len, seq in itertools.product((1, 16), seqs):
+                m = make_paged(b, q_len, seq, h, hk, d, gen)
                 meta = (m["query_start_loc"], m["seq_lens"], m["block_tables"])
                 ref = paged_attention_ref(m["q"], m["k_cache"], m["v_cache"], *meta)
                 base = ta.select_attention_config(h, hk, d, q_len)
                 results = []
                 q_tiles = triton.cdiv(q_len, base.queries_per_tile)
-                auto = ta._pick_num_splits(m["q"].device, b * hk * q_tiles, base.block_n, 4096, q_len)
+                auto = ta._pick_num_splits(m["q"].device, b * hk * q_tiles, base.block_n, seq, q_len)
                 split_choices = sorted({1, max(1, auto // 2), auto, min(64, auto * 2)})
                 warp_choices = (4, 8) if base.block_m >= 64 else (4,)
                 for block_n in (32, 64, 128):
@@ -291,7 +293,7 @@ def run_sweep() -> list[dict[str, Any]]:
                                     continue
                                 results.append((us, block_n, num_stages, num_warps, splits, err))
                 results.sort()
-                print(f"{model} B={b} q={q_len} seq=4096 (default {base}):")
+                print(f"{model} B={b} q={q_len} seq={seq} (default {base}, auto splits {auto}):")
                 for us, block_n, st, nw, sp, err in results[:5]:
                     print(
                         f"  {us:7.1f} us  block_n={block_n} stages={st} warps={nw} splits={sp} err={err:.1e}"
@@ -301,7 +303,7 @@ def run_sweep() -> list[dict[str, Any]]:
                         "model": model,
                         "batch": b,
                         "q_len": q_len,
-                        "seq_len": 4096,
+                        "seq_len": seq,
                         "results": [
                             dict(
                                 zip(
@@ -329,6 +331,9 @@ def main() -> int:
     )
     parser.add_argument("--quick", action="store_true", help="fewer shapes")
     parser.add_argument("--sweep", action="store_true", help="also sweep tile configs / split counts")
+    parser.add_argument(
+        "--sweep-seq", nargs="+", type=int, default=[4096], help="context lengths of the sweep (default 4096)"
+    )
     parser.add_argument("--out", default=None, help="JSON path (default benchmarks/results/...)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
@@ -342,7 +347,7 @@ def main() -> int:
     attn_rows, ok_attn = run_attention(args, copy_gbs)
     ok_replay = check_graph_replay_new_metadata()
     store_rows, ok_store = run_store_kv(args, copy_gbs)
-    sweep_rows = run_sweep() if args.sweep else []
+    sweep_rows = run_sweep(tuple(args.sweep_seq)) if args.sweep else []
     result = {
         "command": " ".join([os.path.basename(sys.executable)] + sys.argv),
         "git_revision": git_revision(),
