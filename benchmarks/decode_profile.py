@@ -158,6 +158,12 @@ def main() -> int:
     dtype = getattr(torch, a.dtype)
     ids, pos, meta, blocks = decode_inputs(a.batch, a.context)
     model = build(cfg, layers, dtype, True, blocks)
+    from specserve.layers.linear import transpose_decoder_linears, weight_layout
+
+    if (
+        weight_layout() == "kn"
+    ):  # SPECSERVE_WEIGHT_LAYOUT=kn: the projections stored transposed, as the engine does
+        transpose_decoder_linears(model.layers)
     elsize = torch.empty((), dtype=dtype).element_size()
     wb = weight_bytes(model)
     step = step_fn(model, ids, pos, meta)
@@ -172,7 +178,10 @@ def main() -> int:
     gemm_bytes = sum(r["weight_bytes"] for r in gemms)
     other_us = kernel_us - gemm_us
     name = torch.cuda.get_device_name() if CUDA else "cpu"
-    print(f"{cfg.architecture} x {layers} layers, batch {a.batch}, context {a.context}, {a.dtype}, {name}")
+    print(
+        f"{cfg.architecture} x {layers} layers, batch {a.batch}, context {a.context}, {a.dtype}, {name}, "
+        f"weight layout {weight_layout()}"
+    )
     print(f"GEMM weight bytes / all weight bytes read: {gemm_bytes / wb:.4f} (should be ~1: norms are tiny)")
     print(f"weights {wb / 1e9:.3f} GB; DRAM rate {rate / 1e12:.2f} TB/s -> floor {floor_ms:.3f} ms")
     print(f"graph replay {g_ms:.3f} ms = {g_ms / floor_ms:.3f}x floor; {n_kernels} kernels per step")
@@ -249,6 +258,7 @@ def main() -> int:
         batch=a.batch,
         context=a.context,
         dtype=a.dtype,
+        weight_layout=weight_layout(),
         weight_bytes=wb,
         dram_Bps=rate,
         floor_ms=floor_ms,

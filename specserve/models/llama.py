@@ -247,6 +247,8 @@ def _gemv_path(layers: nn.ModuleList, h: torch.Tensor) -> bool:
     if not triton_gemv.enabled() or h.shape[0] > triton_gemv.MAX_ROWS or not len(layers):
         return False
     a = cast(DecoderLayer, layers[0]).self_attn
+    if not isinstance(a.qkv_proj, nn.Linear):  # SPECSERVE_WEIGHT_LAYOUT=kn: the six-kernel layer reads [N, K]
+        return False
     return a.qkv_proj.bias is None and a.o_proj.bias is None
 
 

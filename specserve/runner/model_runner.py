@@ -145,6 +145,10 @@ class ModelRunner:
         else:
             self.model.load_weights(weights)  # type: ignore[arg-type]
         self.model.eval().requires_grad_(False)
+        from specserve.layers.linear import transpose_decoder_linears, weight_layout
+
+        if weight_layout() == "kn":  # experimental decode GEMM layout (see specserve/layers/linear.py)
+            transpose_decoder_linears(self.model.layers)
         self.model.rope.to(device)
         self.backend = make_backend(config.attention_backend, device)
         self.model.backend = self.backend

@@ -1,0 +1,67 @@
+"""SPECSERVE_WEIGHT_LAYOUT=kn (the decode GEMM layout experiment, specserve/layers/linear.py): the transposed
+projections compute what nn.Linear computes, and the engine's greedy tokens do not change (plain and DFlash)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from specserve.layers.linear import TransposedLinear, transpose_decoder_linears, weight_layout
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("shape", [(5, 24), (2, 3, 24)])
+def test_transposed_linear_matches_nn_linear(bias, shape):
+    torch.manual_seed(0)
+    lin = nn.Linear(24, 40, bias=bias)
+    t = TransposedLinear(lin)
+    assert t.weight_t.shape == (24, 40) and t.weight_t.is_contiguous()
+    assert torch.equal(t.weight_t.t(), lin.weight)
+    x = torch.randn(*shape)
+    torch.testing.assert_close(t(x), lin(x), rtol=1e-5, atol=1e-6)
+
+
+def test_bad_layout_is_a_clear_error(monkeypatch):
+    monkeypatch.setenv("SPECSERVE_WEIGHT_LAYOUT", "tn")
+    with pytest.raises(ValueError, match="SPECSERVE_WEIGHT_LAYOUT must be 'nk' or 'kn'"):
+        weight_layout()
+
+
+@pytest.mark.parametrize("fixture", ["tiny_qwen3_dir", "tiny_qwen2_dir"])  # qwen2: q/k/v biases (addmm)
+def test_engine_tokens_unchanged_with_transposed_weights(fixture, request, tmp_path, monkeypatch):
+    from drafters import make_dflash
+
+    from specserve import LLM, SamplingParams
+
+    path = request.getfixturevalue(fixture)
+    prompts = ["The capital of France is", "1 2 3 4 5 6", "def f(x):"]
+    sp = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    kw = dict(dtype="float32", device="cpu", num_gpu_blocks=32)
+    outs = {}
+    for layout in ("nk", "kn"):
+        monkeypatch.setenv("SPECSERVE_WEIGHT_LAYOUT", layout)
+        llm = LLM(path, **kw)
+        model = llm.engine.runner.model
+        n_t = sum(isinstance(m, TransposedLinear) for m in model.modules())
+        assert n_t == (4 * len(model.layers) if layout == "kn" else 0)
+        outs[layout] = [o.outputs[0].token_ids for o in llm.generate(prompts, sp)]
+    assert outs["kn"] == outs["nk"]
+    # lossless speculation on the transposed target: DFlash K=4 emits the plain tokens
+    cfg = llm.engine.runner.model.config
+    dflash = make_dflash(
+        tmp_path / "d", cfg.hidden_size, cfg.num_hidden_layers, cfg.vocab_size, layer_ids=[0, 1]
+    )
+    spec = {"method": "dflash", "model": dflash, "num_speculative_tokens": 4}
+    llm = LLM(path, speculative_config=spec, **kw)
+    assert [o.outputs[0].token_ids for o in llm.generate(prompts, sp)] == outs["nk"]
+    assert llm.get_metrics()["spec_decode_num_drafts"] > 0
+
+
+def test_transpose_decoder_linears_counts_and_is_idempotent(tiny_qwen3_dir):
+    from specserve import LLM
+
+    llm = LLM(tiny_qwen3_dir, dtype="float32", device="cpu", num_gpu_blocks=8)
+    layers = llm.engine.runner.model.layers
+    assert transpose_decoder_linears(layers) == 4 * len(layers)
+    assert transpose_decoder_linears(layers) == 0  # already transposed: nothing to do
