@@ -24,7 +24,9 @@
 # the demo data does not use: validated before, every EVAL_EVERY (default 200) steps and after training; its
 # chain_tau is the acceptance length the engine would report on those answers),
 # EXTRA_PROMPTS (more prompt files for the data generation, e.g. the rest of gsm8k_train minus VAL_DATA's),
-# WEIGHT_DECAY (AdamW weight decay, default 0), LR (peak learning rate, default 6e-4), DFLASH_LAYERS /
+# SELF_PROMPTS (how many questions / math problems the target writes itself, default 1000; past the ~1300
+# instructions of the topic grids they repeat with other sampling seeds), WEIGHT_DECAY (AdamW weight decay,
+# default 0), LR (peak learning rate, default 6e-4), DFLASH_LAYERS /
 # DFLASH_INTERMEDIATE (the DFlash drafter's shape for a run from scratch, default 3 / 704: ~14.6 MB in bf16; the
 # bundled drafters together may take 25 MB, EAGLE-3's head 9.7 of them).
 set -euo pipefail
@@ -55,7 +57,7 @@ else
 $TRAIN dflash --target "$SMOLLM2_GGUF" --output "$WORK/data" --work-dir "$WORK/data" --generate-only \
     --prompts "$DATA_DIR/gsm8k_train.jsonl:3500" "$DATA_DIR/mbpp_sanitized.json" \
               "$DATA_DIR/spec_bench_question.jsonl" "$DATA_DIR/corpus/tinyshakespeare.txt:800" ${EXTRA_PROMPTS:-} \
-    --self-prompts 1000 --max-new-tokens 384 --max-prompt-length 1024 --gen-temperature 0 \
+    --self-prompts "${SELF_PROMPTS:-1000}" --max-new-tokens 384 --max-prompt-length 1024 --gen-temperature 0 \
     --generator "$GENERATOR" --gen-procs "$GEN_PROCS" --gen-batch-size 512 --seed 0
 fi
 [ -z "${OUT:-}" ] || { mkdir -p "$OUT" && gzip -c "$WORK/data/data.jsonl" > "$OUT/data.jsonl.gz"; }

@@ -12,12 +12,14 @@ import torch
 
 from specserve.train.cli import main, parse_args, run
 from specserve.train.data import (
+    EngineGenerator,
     HFGenerator,
     Sample,
     check_not_eval_set,
     load_prompts,
     load_samples,
     pick_mask_token_id,
+    self_question_prompts,
 )
 from specserve.train.export import export_drafter, load_drafter
 from specserve.train.losses import Eagle3Objective, build_dflash_blocks, chain_acceptance, sample_anchors
@@ -924,3 +926,32 @@ def test_ddp_two_cpu_processes_stay_in_sync(tmp_path, tiny):
 def _dflash_init_state(tiny: dict[str, str], tmp_path) -> dict[str, torch.Tensor]:
     res = run(parse_args(_dflash_args(tiny, str(tmp_path / "init"), "--max-steps", "1", "--lr", "1e-12")))
     return res.drafter.state_dict()
+
+
+def test_self_question_prompts_cover_math_and_repeat_past_the_grid():
+    """The self-written prompt instructions: general questions and math problems, deterministic per seed; past
+    the grids' size the instructions repeat (each repeat is sampled with its own seed, see the next test)."""
+    from specserve.train.data import SELF_MATH_STYLES, SELF_MATH_TOPICS, SELF_STYLES, SELF_TOPICS
+
+    size = len(SELF_TOPICS) * len(SELF_STYLES) + len(SELF_MATH_TOPICS) * len(SELF_MATH_STYLES)
+    few = self_question_prompts(200, seed=3)
+    assert len(few) == len(set(few)) == 200 and few == self_question_prompts(200, seed=3)
+    assert few != self_question_prompts(200, seed=4)
+    assert any("math problem about" in p for p in few) and any("AI assistant" in p for p in few)
+    many = self_question_prompts(size + 50, seed=3)
+    assert len(many) == size + 50 and len(set(many)) == size  # every instruction once, then 50 repeats
+
+
+def test_engine_generator_samples_repeated_prompts_apart(tiny_qwen3_dir):
+    """Request i samples with seed + i: a prompt asked twice gets two answers, and a rerun the same ones."""
+    ids = [[1, 2, 3, 4]] * 3 + [[5, 6, 7]]
+    gen = EngineGenerator(tiny_qwen3_dir, dtype="float32", device="cpu", max_model_len=64, max_num_seqs=4)
+    try:
+        first = gen.generate(ids, 10, 1.0, seed=7)
+        again = gen.generate(ids, 10, 1.0, seed=7)
+        greedy = gen.generate(ids, 6, 0.0, seed=7)
+    finally:
+        gen.close()
+    assert first == again
+    assert len({tuple(r) for r in first[:3]}) == 3
+    assert greedy[0] == greedy[1] == greedy[2]

@@ -81,7 +81,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--prompts", nargs="+", default=[], metavar="FILE[:N]", help=".jsonl/.json/.txt prompt files"
     )
     g.add_argument(
-        "--self-prompts", type=int, default=0, metavar="N", help="add N questions the target writes"
+        "--self-prompts",
+        type=int,
+        default=0,
+        metavar="N",
+        help="add N questions / math problems the target writes itself (topic grids, sampled at T=0.8)",
     )
     g.add_argument("--data", default=None, help="reuse a generated samples .jsonl (skip generation)")
     g.add_argument(

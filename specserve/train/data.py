@@ -96,16 +96,51 @@ SELF_STYLES = (
 )
 
 
+# math problems the target writes itself (subjects of school and competition math; no evaluation set is read)
+SELF_MATH_TOPICS = (
+    "fractions", "percentages", "ratios and rates", "unit conversion", "money and shopping", "time and distance",
+    "work and rates", "ages", "averages", "simple interest", "area and perimeter", "volume", "angles",
+    "triangles", "circles", "coordinate geometry", "the pythagorean theorem", "similar triangles",
+    "linear equations", "systems of equations", "inequalities", "quadratic equations", "polynomials",
+    "exponents", "logarithms", "functions", "sequences and series", "arithmetic progressions",
+    "geometric progressions", "prime numbers", "divisibility", "remainders", "greatest common divisors",
+    "digits of numbers", "counting", "permutations", "combinations", "probability with dice",
+    "probability with cards", "expected value", "trigonometry", "complex numbers", "vectors", "matrices",
+    "absolute values", "rational expressions", "radicals", "word problems about a farm",
+    "word problems about a school", "word problems about a bakery",
+)  # fmt: skip
+SELF_MATH_STYLES = (
+    "an easy grade-school",
+    "a multi-step grade-school",
+    "a middle-school",
+    "a high-school",
+    "a challenging competition",
+    "a short",
+)
+
+
 def self_question_prompts(n: int, seed: int = 0) -> list[str]:
-    """Instructions asking the target to write one user question about a topic (topic x style grid)."""
+    """Instructions asking the target to write one user question: a topic x style grid of general questions
+    plus a topic x level grid of math problems, shuffled. Past the grids' size they repeat: each repeat is a
+    separate request sampled with its own seed (the generators seed request i with ``seed + i``), so it yields
+    another question; duplicates are dropped after generation."""
     grid = [
         f"Write one question a user might ask an AI assistant about {topic}{style}. "
         "Reply with the question only."
         for topic in SELF_TOPICS
         for style in SELF_STYLES
+    ] + [
+        f"Write {level} math problem about {topic}. Reply with the problem only."
+        for topic in SELF_MATH_TOPICS
+        for level in SELF_MATH_STYLES
     ]
-    random.Random(seed).shuffle(grid)
-    return grid[:n]
+    rng = random.Random(seed)
+    out: list[str] = []
+    while len(out) < n:
+        rnd = list(grid)
+        rng.shuffle(rnd)
+        out += rnd[: n - len(out)]
+    return out
 
 
 def clean_question(text: str) -> str | None:
@@ -401,7 +436,11 @@ class EngineGenerator:
     ) -> list[list[int]]:
         from specserve import SamplingParams
 
-        params = SamplingParams(temperature=temperature, max_tokens=max_new_tokens, seed=seed)
+        # request i samples with seed + i: reproducible, and repeated prompts get different answers
+        params = [
+            SamplingParams(temperature=temperature, max_tokens=max_new_tokens, seed=seed + i)
+            for i in range(len(prompt_ids))
+        ]
         batch = [{"prompt_token_ids": list(ids)} for ids in prompt_ids]
         try:
             outs = self.llm.generate(batch, params, use_tqdm=True)
