@@ -242,8 +242,9 @@ class EngineConfig:
     # plain decode steps: schedule and fill step N+1 while step N runs (vLLM's --async-scheduling); None = on with
     # CUDA graphs, True = wherever the padded path runs (CPU tests), False = off
     async_scheduling: bool | None = None
-    # fused greedy speculative steps (DFlash, EAGLE-3): launch verify step N+1 (inputs built on the device from N's output) before N's
-    # tokens reach the host; True = on (needs the fused step); None / False = off (opt-in until measured on a GPU)
+    # fused speculative steps (DFlash, EAGLE-3; greedy or unseeded random rows): launch verify step N+1 (inputs built
+    # on the device from N's output) before N's tokens reach the host; True = on (needs the fused step); None /
+    # False = off (opt-in: identical tokens on the H200 but no faster, session 3)
     async_spec: bool | None = None
 
     def __post_init__(self) -> None:

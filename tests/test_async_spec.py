@@ -1,4 +1,4 @@
-"""Async scheduling of fused greedy DFlash steps: step N+1 is scheduled (worst-case blocks), its inputs (bonus
+"""Async scheduling of fused DFlash / EAGLE-3 steps (greedy and unseeded random rows): step N+1 is scheduled (worst-case blocks), its inputs (bonus
 token, drafts, positions, slots, seq lens, num_draft, budget) written on the device from step N's packed output,
 and launched before N's tokens reach the host.
 
@@ -221,22 +221,39 @@ def test_admission_drains(often_qwen3_dir, dflash_dir):
     assert sum(inflight) > 10  # pipelined before the admission and again after it
 
 
-def test_random_row_runs_synchronously(often_qwen3_dir, dflash_dir):
-    """A random-sampling request next to greedy ones: synchronous while it runs (same random stream as the
-    synchronous engine), pipelined once it is done."""
+@pytest.mark.parametrize("method", ["dflash", "eagle3"])
+def test_random_rows_pipeline_too(method, often_qwen3_dir, dflash_dir, tmp_path):
+    """Random-sampling requests (temperature / top-k / top-p, no seed) beside a greedy one: the in-graph
+    rejection sampler runs inside the pipelined steps, consuming the random stream in the same order as the
+    synchronous engine, so every output, every verified draft and the metrics are the same; steps with random
+    rows were launched while the previous one was in flight."""
+    from drafters import make_eagle3
+
     k = 4
-    sync = _llm(often_qwen3_dir, dflash_dir, k, False)
-    asy = _llm(often_qwen3_dir, dflash_dir, k, True)
+    drafter = dflash_dir if method == "dflash" else make_eagle3(tmp_path / "eagle", 64, 4, VOCAB)
     params = [
         SamplingParams(temperature=0, max_tokens=60, ignore_eos=True),
-        SamplingParams(temperature=0.8, max_tokens=12, ignore_eos=True),
-        SamplingParams(temperature=0, max_tokens=50, ignore_eos=True),
+        SamplingParams(temperature=0.8, max_tokens=48, ignore_eos=True),
+        SamplingParams(temperature=1.0, top_k=20, top_p=0.9, max_tokens=55, ignore_eos=True),
     ]
-    want, obs_want = _run(sync, PROMPTS, params)
-    got, obs_got = _run(asy, PROMPTS, params)
+    runs = []
+    for async_on in (False, True):
+        llm = _llm(often_qwen3_dir, drafter, k, async_on, method=method, seed=11)
+        steps: list[tuple[int, int]] = []
+        runner = llm.engine.runner
+
+        def on_step(eng, n, runner=runner, steps=steps):  # type: ignore[no-untyped-def]
+            steps.append((runner.num_async_spec_steps, runner.num_sampling_steps))
+
+        runs.append((llm, *_run(llm, PROMPTS, params, on_step), steps))
+    (sync, want, obs_want, _), (asy, got, obs_got, steps) = runs
     assert got == want and obs_got == obs_want
     _check_metrics(sync, asy)
-    assert asy.engine.runner.num_async_spec_steps > 0
+    # pipelined steps that sampled: both counters grew across the same engine step at least 5 times
+    both = sum(b[0] > a[0] and b[1] > a[1] for a, b in zip(steps, steps[1:]))
+    assert both >= 5, steps
+    accepted = {na for nd, na in obs_want if nd == k}
+    assert 0 in accepted and len(accepted) >= 2
 
 
 def test_opt_in(often_qwen3_dir, dflash_dir):

@@ -399,7 +399,7 @@ class LLMEngine:
 
     # ------------------------------------------------------------------ async fused speculative steps
     def _step_spec(self, step: InflightSpec) -> list[RequestOutput]:
-        """Async scheduling of fused greedy speculative steps (ModelRunner.launch_spec): with step N in flight,
+        """Async scheduling of fused speculative steps (ModelRunner.launch_spec): with step N in flight,
         schedule step N+1 without knowing N's n_acc (worst case: every draft accepted), launch it with its inputs
         built on the device from N's output, then collect N."""
         nxt = self._schedule_next_spec(step)
@@ -434,7 +434,7 @@ class LLMEngine:
             or len(items) > sch.max_num_seqs
         ):
             return None
-        if not runner._graph_sampling_ok(items) or not all(r.params.greedy for r in sch.running):
+        if not runner._graph_sampling_ok(items):  # greedy and unseeded random rows pipeline alike
             return None
         for r in sch.running:  # no preemption here: when blocks run out, the synchronous step handles it
             if not self.block_manager.allocate(r, r.num_computed_tokens + 3 * q):

@@ -53,7 +53,7 @@ class InflightDecode:
 
 @dataclass
 class InflightSpec:
-    """A launched fused greedy speculative step (verify graph + fused drafter graph): its requests, the device
+    """A launched fused speculative step (verify graph + fused drafter graph): its requests, the device
     output (packed [n, 2K+2]: q verified tokens | n_match | K drafts, -1 where none), the pinned host rows it is
     being copied to, the copy's event, and on the device per request its number of drafts verified, its draft
     budget before n_acc (aux of the step) and its first position: what the next step's inputs are built from."""
@@ -611,22 +611,22 @@ class ModelRunner:
 
     # ------------------------------------------------------------------ async fused speculative steps
     def can_launch_spec_async(self, items: list) -> bool:  # type: ignore[type-arg]
-        """A step that ``execute`` runs as a fused greedy step: every request runs one committed token (+ its
-        drafts, some request has drafts) and samples, all greedy, answered by the graphs alone. Not while
-        profiling."""
+        """A step that ``execute`` runs as a fused step: every request runs one committed token (+ its drafts,
+        some request has drafts) and samples, greedy or unseeded random, answered by the graphs alone (the
+        in-graph rejection sampler for random rows). Not while profiling."""
         return (
             self.async_spec
             and self.use_fused_step
             and not self.profile
             and 0 < len(items) <= self.config.max_num_seqs
-            and all(s.num_new_tokens == 1 and s.samples and s.req.params.greedy for s in items)
+            and all(s.num_new_tokens == 1 and s.samples for s in items)
             and any(s.spec_token_ids for s in items)
             and self._graph_sampling_ok(items)
         )
 
     @torch.inference_mode()
     def launch_spec(self, items: list, prev: InflightSpec | None = None) -> InflightSpec:  # type: ignore[type-arg]
-        """Enqueue a fused greedy speculative step (verify graph + fused drafter graph + a non-blocking copy of
+        """Enqueue a fused speculative step (verify graph [+ in-graph sampling] + fused drafter graph + a copy of
         its packed output to pinned memory) and return without waiting.
 
         Without ``prev`` the inputs come from the host exactly as in ``execute``. With ``prev`` (still in flight,
@@ -641,18 +641,23 @@ class ModelRunner:
         graphs, buf = self.graphs[q], self.padded[q]
         b = graphs.bucket(n)
         v = buf.views(b)
+        params = [param_row(s.req.params) for s in items]  # (temperature, top_k, top_p, min_p)
+        random_rows = any(p[0] > 0 for p in params)
+        faux = [[p[0], p[2], p[3]] for p in params] if random_rows else None
         if prev is None:
             rows = [
                 ([s.req.token_ids[s.start]] + s.spec_token_ids, s.start, s.req.block_table) for s in items
             ]
-            aux = [[len(s.spec_token_ids), self._draft_budget(s.req, 1), 0] for s in items]
-            buf.fill(b, rows, bs, aux)
+            aux = [[len(s.spec_token_ids), self._draft_budget(s.req, 1), p[1]] for s, p in zip(items, params)]
+            buf.fill(b, rows, bs, aux, faux)
             num_draft = v.aux[:n, 0].long()
             budget = v.aux[:n, 1].long()
             first = v.pos.view(b, q)[:n, 0].clone()
         else:
-            # block tables (allocated for the worst case) on the host; everything else from prev on the device
-            buf.fill(b, [([0], s.req.num_computed_tokens, s.req.block_table) for s in items], bs)
+            # block tables (allocated for the worst case) and sampling parameters on the host; everything else
+            # from prev on the device (aux columns 0-1, num_draft and budget, are overwritten below)
+            top_k = [[0, 0, p[1]] for p in params] if random_rows else None
+            buf.fill(b, [([0], s.req.num_computed_tokens, s.req.block_table) for s in items], bs, top_k, faux)
             order = {id(s.req): i for i, s in enumerate(prev.items)}
             idx = [order[id(s.req)] for s in items]
             src_packed, src_nd, src_budget, src_first = prev.packed, prev.num_draft, prev.budget, prev.first
@@ -684,8 +689,11 @@ class ModelRunner:
             v.aux[:n, 0].copy_(num_draft)
             v.aux[:n, 1].copy_(budget)
             self.num_async_spec_steps += 1
-        _, features, packed = graphs.run(b)
+        logits, features, packed = graphs.run(b)
         assert features is not None
+        if random_rows:  # the in-graph rejection sampler, as execute's fused step
+            self.num_sampling_steps += 1
+            packed = self._sample_uniform(q, logits, packed)
         out = self.proposer.run_fused_step(features, packed)
         self.num_fast_steps += 1
         self.num_fused_steps += 1
