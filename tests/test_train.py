@@ -677,6 +677,7 @@ def test_init_from_continues_an_exported_drafter(tmp_path, tiny):
     assert [r["steps"] for r in runs] == [30, 5] and info["total_steps_all_runs"] == 38
     assert "--max-steps 30" in runs[0]["command"] and str(tmp_path / "a") in runs[1]["command"]
     assert runs[1]["final"]["loss"] == more.metrics["final"]["loss"]
+    assert runs[0]["data"]["samples"] == runs[1]["data"]["samples"] == info["data"]["samples"] > 0
     bad = str(tmp_path / "a")
     assert main(["eagle3", "--target", tiny["target"], "--data", tiny["data"], "--output", str(tmp_path / "c"),
                  "--init-from", bad]) == 2  # fmt: skip

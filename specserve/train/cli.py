@@ -665,7 +665,7 @@ def _lineage(init_from: str, steps: int) -> dict[str, Any]:
             seconds=train.get("seconds"),
             final=train.get("final"),
             val=train.get("val"),
-            data=(prev.get("data") or {}).get("path"),
+            data=prev.get("data"),  # path, sizes, how it was generated (sources, temperature), validation set
         )
     )
     known = [r.get("steps") for r in runs]
