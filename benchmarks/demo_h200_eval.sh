@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Evaluate the trained demo drafters on one GPU, in one call (~8 min on an H200):
+# Evaluate the trained demo drafters on one GPU, in one call (~5 min on an H200 in session 5, +~2 min for HF static compiling):
 #   bash benchmarks/demo_h200_eval.sh GGUF DRAFTERS_DIR EVAL_DATA_DIR OUT_DIR
 # DRAFTERS_DIR holds smollm2-135m-dflash/ and smollm2-135m-eagle3/ (benchmarks/train_demo_drafters.sh);
 # EVAL_DATA_DIR the held-out sets: mt_bench_question.jsonl gsm8k_test.jsonl math500_test.jsonl humaneval.jsonl
