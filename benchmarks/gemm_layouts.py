@@ -30,6 +30,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from decode_profile import dram_rate, graph_ms  # noqa: E402
+
 CUDA = torch.cuda.is_available()
 
 
@@ -47,37 +50,14 @@ def shapes(cfg: Any) -> dict[str, tuple[int, int]]:
     }
 
 
-def dram_rate() -> float:
-    """Bytes per second: the best of a device copy's read+write traffic and a reduction's read (step_latency.py)."""
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from step_latency import copy_bandwidth, read_bandwidth
-
-    return max(copy_bandwidth(), read_bandwidth())
-
-
 def time_per_call(fns: list[Callable[[], Any]], reps: int = 20) -> float:
-    """Seconds per call of one graph replaying every fn once (GPU time from CUDA events)."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(2):
-            for f in fns:
-                f()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
+    """Seconds per call of one CUDA graph replaying every fn once (decode_profile.graph_ms over all of them)."""
+
+    def all_fns() -> None:
         for f in fns:
             f()
-    for _ in range(3):
-        g.replay()
-    torch.cuda.synchronize()
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    for _ in range(reps):
-        g.replay()
-    b.record()
-    torch.cuda.synchronize()
-    return a.elapsed_time(b) / 1e3 / reps / len(fns)
+
+    return graph_ms(all_fns, reps) / 1e3 / len(fns)
 
 
 class _ReducedPrecision:

@@ -129,13 +129,10 @@ class DFlashProposer(Proposer):
         from specserve.layers.attention import AttnMetadata
 
         runner, K = self.runner, self.num_speculative_tokens
-        spec = runner.config.speculative_config
-        padded, capture = drafter_graph_mode(runner)
-        if self.graphs is None or not padded or (spec is not None and spec.enforce_eager):
+        capture = self._fused_step_mode(buf, "DFlash")
+        if capture is None:
             return False
         q, bs, mb, dev = K + 1, runner.block_size, buf.max_blocks, runner.device
-        if buf.q != q or buf.num_aux < 2:
-            raise ValueError("the fused DFlash step needs the q=K+1 batch with 2 aux ints per request")
         cols = torch.arange(q, device=dev)
         masks = torch.full((buf.max_batch, K), self.model.mask_token_id, dtype=torch.long, device=dev)
         backend = runner.backend

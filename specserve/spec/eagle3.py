@@ -131,13 +131,10 @@ class Eagle3Proposer(Proposer):
         from specserve.layers.attention import AttnMetadata
 
         runner, K = self.runner, self.num_speculative_tokens
-        spec = runner.config.speculative_config
-        padded, capture = drafter_graph_mode(runner)
-        if self.graphs is None or not padded or (spec is not None and spec.enforce_eager):
+        capture = self._fused_step_mode(buf, "EAGLE-3")
+        if capture is None:
             return False
         q, bs, mb, dev = K + 1, runner.block_size, buf.max_blocks, runner.device
-        if buf.q != q or buf.num_aux < 2:
-            raise ValueError("the fused EAGLE-3 step needs the q=K+1 batch with 2 aux ints per request")
         cols = torch.arange(q, device=dev)
         steps = torch.arange(1, K, device=dev)
         backend = runner.backend

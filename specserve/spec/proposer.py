@@ -25,6 +25,8 @@ class Proposer:
     """Proposes up to ``num_speculative_tokens`` drafts per request from the step that just ran."""
 
     method = "base"
+    runner: Any = None  # the target's ModelRunner (drafters with a model)
+    graphs: Any = None  # the drafter's own bucketed graphs, if any
     fused: Any = None  # the fused step's bucketed graphs (_capture_fused_step), if any
     _fused_target: Any = None
     _fused_in: tuple[torch.Tensor, torch.Tensor] | None = (
@@ -77,6 +79,19 @@ class Proposer:
             return fused.run(b)
         finally:
             self._fused_in = None
+
+    def _fused_step_mode(self, buf: Any, what: str) -> bool | None:
+        """The fused steps' shared gate: None when no fused step is built (no padded drafter graphs, or the spec
+        config's enforce_eager), else whether to capture it; the target batch must be q=K+1 with 2 aux ints."""
+        from specserve.spec.drafter_utils import drafter_graph_mode
+
+        spec = self.runner.config.speculative_config
+        padded, capture = drafter_graph_mode(self.runner)
+        if self.graphs is None or not padded or (spec is not None and spec.enforce_eager):
+            return None
+        if buf.q != self.num_speculative_tokens + 1 or buf.num_aux < 2:
+            raise ValueError(f"the fused {what} step needs the q=K+1 batch with 2 aux ints per request")
+        return bool(capture)
 
     def _capture_fused_step(
         self, name: str, fn: Any, target: Any, buf: Any, block_size: int, capture: bool

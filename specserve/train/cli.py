@@ -577,10 +577,8 @@ def run(a: argparse.Namespace) -> TrainResult:
             tokenizer = load_tokenizer(target_path)
         except Exception:  # noqa: BLE001 - a tokenizer only refines the mask-token choice
             tokenizer = None
-    for path, group in ((data_path, samples), (a.val_data, val)):
-        for s in group:
-            if max(s.input_ids) >= target.vocab_size or min(s.input_ids) < 0:
-                raise TrainError(f"{path}: token ids outside the target vocab ({target.vocab_size})")
+    _check_vocab(data_path, samples, target)
+    _check_vocab(a.val_data, val, target)
     drafter = _init_drafter(a, target) if a.init_from else _build_drafter(a, target, samples, tokenizer)
     targs = TrainArgs(
         work_dir=work,
@@ -647,6 +645,13 @@ def run(a: argparse.Namespace) -> TrainResult:
     return TrainResult(drafter, a.output, data_path, metrics)
 
 
+def _check_vocab(path: str | None, samples: list[Sample], target: Target) -> None:
+    """Samples whose token ids the target cannot embed are a one-line error naming their file."""
+    for s in samples:
+        if max(s.input_ids) >= target.vocab_size or min(s.input_ids) < 0:
+            raise TrainError(f"{path}: token ids outside the target vocab ({target.vocab_size})")
+
+
 def _lineage(init_from: str, steps: int) -> dict[str, Any]:
     """A continued run's provenance: the ``--init-from`` drafter's own earlier runs plus that run itself (command,
     steps, seconds, final metrics, validation), so an exported drafter's training.json tells its whole training."""
@@ -678,9 +683,7 @@ def _eval_only(a: argparse.Namespace, device: torch.device, dtype: torch.dtype) 
     target_path = resolve_target_path(a.target)
     val = load_samples(a.val_data)
     target = load_target(target_path, device, dtype)
-    for s in val:
-        if max(s.input_ids) >= target.vocab_size or min(s.input_ids) < 0:
-            raise TrainError(f"{a.val_data}: token ids outside the target vocab ({target.vocab_size})")
+    _check_vocab(a.val_data, val, target)
     drafter = _init_drafter(a, target)
     targs = TrainArgs(
         work_dir=a.work_dir or a.output or ".",
