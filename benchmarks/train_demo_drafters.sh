@@ -28,7 +28,13 @@
 # instructions of the topic grids they repeat with other sampling seeds), WEIGHT_DECAY (AdamW weight decay,
 # default 0), LR (peak learning rate, default 6e-4), DFLASH_LAYERS /
 # DFLASH_INTERMEDIATE (the DFlash drafter's shape for a run from scratch, default 3 / 704: ~14.6 MB in bf16; the
-# bundled drafters together may take 25 MB, EAGLE-3's head 9.7 of them).
+# bundled drafters together may take 25 MB, EAGLE-3's head 9.7 of them),
+# BATCH_SIZE (sequences per step, default 32), EXTRA_DATA (more samples files to train on beside DATA_FILE's, e.g. an earlier run's sampled set),
+# SAMPLED_REPEATS (R > 0 adds a second data set of sampled answers, appended to the greedy one: the gsm8k_train
+# prompts (the first 3500 + EXTRA_PROMPTS) without the answer-format suffix, as gsm8k_test asks them, each
+# answered R times at SAMPLED_TEMPERATURE (default 0.6) with its own seed, plus SAMPLED_SELF_PROMPTS (default 0)
+# self-written questions answered at that temperature; cross-entropy on samples of the target's distribution
+# keeps the argmax the greedy verifier checks, and the sampled prefixes cover more of what the target writes).
 set -euo pipefail
 : "${SMOLLM2_GGUF:?set SMOLLM2_GGUF to SmolLM2-135M-Instruct.Q4_1.gguf}"
 : "${DATA_DIR:?set DATA_DIR to the shared data directory (gsm8k_train.jsonl, corpus/, ...)}"
@@ -53,6 +59,8 @@ TRAIN="python -m specserve.train.cli"
 if [ -n "${DATA_FILE:-}" ]; then
     mkdir -p "$WORK/data"
     case "$DATA_FILE" in *.gz) gunzip -c "$DATA_FILE" > "$WORK/data/data.jsonl" ;; *) cp "$DATA_FILE" "$WORK/data/data.jsonl" ;; esac
+    rm -f "$WORK/data/data.jsonl.meta.json"  # how it was generated, when known
+    [ ! -f "$DATA_FILE.meta.json" ] || cp "$DATA_FILE.meta.json" "$WORK/data/data.jsonl.meta.json"
 else
 $TRAIN dflash --target "$SMOLLM2_GGUF" --output "$WORK/data" --work-dir "$WORK/data" --generate-only \
     --prompts "$DATA_DIR/gsm8k_train.jsonl:3500" "$DATA_DIR/mbpp_sanitized.json" \
@@ -61,6 +69,17 @@ $TRAIN dflash --target "$SMOLLM2_GGUF" --output "$WORK/data" --work-dir "$WORK/d
     --generator "$GENERATOR" --gen-procs "$GEN_PROCS" --gen-batch-size 512 --seed 0
 fi
 [ -z "${OUT:-}" ] || { mkdir -p "$OUT" && gzip -c "$WORK/data/data.jsonl" > "$OUT/data.jsonl.gz"; }
+DATA=("$WORK/data/data.jsonl")
+for f in ${EXTRA_DATA:-}; do DATA+=("$f"); done  # more samples files of earlier runs (e.g. a sampled set)
+if [ "${SAMPLED_REPEATS:-0}" -gt 0 ]; then
+    $TRAIN dflash --target "$SMOLLM2_GGUF" --output "$WORK/sampled" --work-dir "$WORK/sampled" --generate-only \
+        --prompts "$DATA_DIR/gsm8k_train.jsonl:3500" ${EXTRA_PROMPTS:-} --gsm8k-suffix none \
+        --prompt-repeats "$SAMPLED_REPEATS" --self-prompts "${SAMPLED_SELF_PROMPTS:-0}" \
+        --gen-temperature "${SAMPLED_TEMPERATURE:-0.6}" --max-new-tokens 384 --max-prompt-length 1024 \
+        --generator "$GENERATOR" --gen-procs "$GEN_PROCS" --gen-batch-size 512 --seed 0
+    DATA+=("$WORK/sampled/data.jsonl")
+    [ -z "${OUT:-}" ] || gzip -c "$WORK/sampled/data.jsonl" > "$OUT/data-sampled.jsonl.gz"
+fi
 T1=$(date +%s); echo "[demo] data generated in $((T1 - T0)) s" >&2
 
 # ---- 2. train both drafters concurrently, for what is left of the budget (75 s kept for start-up and export)
@@ -68,15 +87,17 @@ TRAIN_TIME=$((BUDGET - (T1 - T0) - 75))
 [ "$TRAIN_TIME" -gt 30 ] || { echo "[demo] no time left to train ($TRAIN_TIME s)" >&2; exit 1; }
 EAGLE_TIME=$((TRAIN_TIME * ${EAGLE_TIME_PCT:-100} / 100))
 echo "[demo] training budget $TRAIN_TIME s (EAGLE-3: $EAGLE_TIME s)" >&2
-COMMON=(--target "$SMOLLM2_GGUF" --data "$WORK/data/data.jsonl" --batch-size 32 --max-length 1536
+COMMON=(--target "$SMOLLM2_GGUF" --data "${DATA[@]}" --batch-size "${BATCH_SIZE:-32}" --max-length 1536
         --epochs 100 --lr "${LR:-6e-4}" --warmup-ratio 0.04 --save-every 0 --log-every 20 --seed 0 --no-progress
         --weight-decay "${WEIGHT_DECAY:-0}")
 [ -z "${VAL_DATA:-}" ] || COMMON+=(--val-data "$VAL_DATA" --eval-every "${EVAL_EVERY:-200}")
 INIT_D=(); INIT_E=()
 if [ "${INIT_FROM_ASSETS:-0}" = 1 ]; then
     rm -rf "$WORK/init-dflash" "$WORK/init-eagle3"  # a reused WORK_DIR: cp -r would nest the copies
-    cp -r "$ASSETS/smollm2-135m-dflash" "$WORK/init-dflash"; cp -r "$ASSETS/smollm2-135m-eagle3" "$WORK/init-eagle3"
-    INIT_D=(--init-from "$WORK/init-dflash"); INIT_E=(--init-from "$WORK/init-eagle3")
+    cp -r "$ASSETS/smollm2-135m-dflash" "$WORK/init-dflash"; INIT_D=(--init-from "$WORK/init-dflash")
+    if [ "$EAGLE_TIME" -gt 0 ]; then
+        cp -r "$ASSETS/smollm2-135m-eagle3" "$WORK/init-eagle3"; INIT_E=(--init-from "$WORK/init-eagle3")
+    fi
 fi
 $TRAIN dflash --max-time "$TRAIN_TIME" "${COMMON[@]}" "${INIT_D[@]}" --output "$ASSETS/smollm2-135m-dflash" --work-dir "$WORK/dflash" \
     --num-layers "${DFLASH_LAYERS:-3}" --intermediate-size "${DFLASH_INTERMEDIATE:-704}" --block-size 16 --num-anchors 256 --max-steps "$DFLASH_STEPS" \
@@ -99,8 +120,9 @@ T2=$(date +%s); echo "[demo] trained in $((T2 - T1)) s; total $((T2 - T0)) s" >&
 [ "$RC" -eq 0 ] || { echo "[demo] training failed (rc $RC); logs in $WORK" >&2; exit "$RC"; }
 
 # ---- 3. results
-ls -l "$ASSETS"/smollm2-135m-{dflash,eagle3}/ >&2
+ls -l "$ASSETS"/smollm2-135m-*/ >&2
 if [ -n "${OUT:-}" ]; then
-    mkdir -p "$OUT/assets" && cp -r "$ASSETS"/smollm2-135m-{dflash,eagle3} "$OUT/assets/"
+    mkdir -p "$OUT/assets" && cp -r "$ASSETS"/smollm2-135m-dflash "$OUT/assets/"
+    [ "$EAGLE_TIME" -eq 0 ] || cp -r "$ASSETS"/smollm2-135m-eagle3 "$OUT/assets/"
     cp "$WORK"/*.log "$OUT/" 2>/dev/null || true
 fi

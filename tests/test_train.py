@@ -145,6 +145,13 @@ def test_load_prompts_formats(tmp_path):
     gs = load_prompts([str(tmp_path / "gsm8k_train.jsonl") + ":4"])
     assert len(gs) == 4 and all(g.startswith("What is") for g in gs)
     assert sum("\\boxed{}" in g for g in gs) == 2
+    # --gsm8k-suffix none / all: the same capped selection, without / with the instruction on every prompt
+    for mode, n_boxed in (("none", 0), ("all", 4)):
+        other = load_prompts([str(tmp_path / "gsm8k_train.jsonl") + ":4"], gsm8k_suffix=mode)
+        assert sum("\\boxed{}" in g for g in other) == n_boxed
+        assert sorted(g.split("\n")[0] for g in other) == sorted(g.split("\n")[0] for g in gs)
+    with pytest.raises(TrainError):
+        load_prompts([str(tmp_path / "gsm8k_train.jsonl")], gsm8k_suffix="some")
     sh = load_prompts([str(tmp_path / "tinyshakespeare.txt") + ":3"])
     assert len(sh) == 3 and all(s.startswith("Continue this scene in the same style:\nROMEO") for s in sh)
 
@@ -269,6 +276,49 @@ def test_engine_generator_matches_hf_generator(tmp_path):
         assert main(args + ["--dtype", "float32", "--device", "cpu"]) == 0
         got[g] = sorted(s.input_ids for s in load_samples(str(tmp_path / g / "data.jsonl")))
     assert len(got["engine"]) == 3 and got["engine"] == got["hf"]
+
+
+def test_prompt_repeats_sample_distinct_answers(tmp_path, capsys):
+    """--prompt-repeats R answers each file prompt R times with its own sampling seed (so sampled data can grow
+    past the prompt files); with greedy generation the repeats would be copies, which is a one-line error."""
+    target = _tiny_tokenizer_target(tmp_path)
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("\n".join(json.dumps({"question": q}) for q in ("write a poem about cats", "why ?")))
+    args = ["dflash", "--target", target, "--prompts", str(prompts), "--output", str(tmp_path / "o")]
+    args += ["--generator", "engine", "--max-new-tokens", "12", "--gen-batch-size", "4", "--generate-only"]
+    args += ["--dtype", "float32", "--device", "cpu", "--prompt-repeats", "3"]
+    assert main(args) == 2
+    assert "--gen-temperature" in capsys.readouterr().err
+    assert main(args + ["--gen-temperature", "1.5"]) == 0
+    samples = load_samples(str(tmp_path / "o" / "data.jsonl"))
+    assert len(samples) == 6
+    by_prompt: dict[tuple[int, ...], list[tuple[int, ...]]] = {}
+    for x in samples:
+        n = x.loss_mask.index(1)
+        by_prompt.setdefault(tuple(x.input_ids[:n]), []).append(tuple(x.input_ids[n:]))
+    assert sorted(len(v) for v in by_prompt.values()) == [3, 3]
+    assert all(len(set(v)) > 1 for v in by_prompt.values())  # the repeats sampled different answers
+    meta = json.loads((tmp_path / "o" / "data.jsonl.meta.json").read_text())
+    assert meta["prompt_repeats"] == 3 and meta["gsm8k_suffix"] == "half" and meta["prompts"] == 6
+
+
+def test_several_data_files_train_together(tmp_path, tiny):
+    """--data A B: one run trains on both files' samples; training.json records each file and its generation."""
+    second = tmp_path / "more.jsonl"
+    _write_data(str(second), n=16, seed=1)
+    (tmp_path / "more.jsonl.meta.json").write_text(json.dumps({"temperature": 0.7, "prompt_repeats": 2}))
+    args = _dflash_args(tiny, str(tmp_path / "o"), "--max-steps", "2", "--epochs", "100")
+    i = args.index("--data")
+    args[i + 1 : i + 2] = [tiny["data"], str(second)]
+    res = run(parse_args(args))
+    info = json.loads((tmp_path / "o" / "training.json").read_text())
+    assert info["data"]["samples"] == 48 + 16 and res.metrics["steps"] == 2
+    files = info["data"]["generation"]["files"]
+    assert [f["samples"] for f in files] == [48, 16] and files[1]["generation"]["prompt_repeats"] == 2
+    assert info["data"]["path"] == [os.path.abspath(tiny["data"]), os.path.abspath(str(second))]
+    bad = args.copy()
+    bad[i + 2] = str(tmp_path / "missing.jsonl")
+    assert main(bad) == 2
 
 
 # ------------------------------------------------------------------------------------------ DFlash mask

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from specserve.train.data import (
+    GSM8K_SUFFIX_MODES,
     EngineGenerator,
     HFGenerator,
     Sample,
@@ -87,7 +88,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="add N questions / math problems the target writes itself (topic grids, sampled at T=0.8)",
     )
-    g.add_argument("--data", default=None, help="reuse a generated samples .jsonl (skip generation)")
+    g.add_argument(
+        "--data",
+        nargs="+",
+        default=None,
+        metavar="FILE",
+        help="reuse generated samples .jsonl[.gz] files (skip generation); several are trained on together",
+    )
     g.add_argument(
         "--val-data",
         default=None,
@@ -106,6 +113,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g.add_argument("--work-dir", default=None, help="checkpoints + generated data (default: --output)")
     g.add_argument("--num-prompts", type=int, default=None, help="cap on the prompts read from files")
+    g.add_argument(
+        "--prompt-repeats",
+        type=int,
+        default=1,
+        metavar="R",
+        help="answer every prompt read from files R times, each with its own sampling seed "
+        "(needs --gen-temperature > 0)",
+    )
+    g.add_argument(
+        "--gsm8k-suffix",
+        choices=GSM8K_SUFFIX_MODES,
+        default="half",
+        help="which gsm8k prompts get the step-by-step / \\boxed{} instruction (default: every other one)",
+    )
     g.add_argument("--max-new-tokens", type=int, default=512)
     g.add_argument("--max-prompt-length", type=int, default=1024, help="drop longer (templated) prompts")
     g.add_argument("--gen-temperature", type=float, default=0.0)
@@ -194,7 +215,15 @@ def _validate(a: argparse.Namespace) -> None:
         "ttt_steps",
     ):
         positive(name, getattr(a, name))
-    for name in ("batch_size", "max_length", "lr", "num_layers", "intermediate_size", "num_prompts"):
+    for name in (
+        "batch_size",
+        "max_length",
+        "lr",
+        "num_layers",
+        "intermediate_size",
+        "num_prompts",
+        "prompt_repeats",
+    ):
         positive(name, getattr(a, name))
     positive("max_steps", a.max_steps)
     positive("epochs", a.epochs, allow_zero=a.max_steps is not None)
@@ -216,8 +245,13 @@ def _validate(a: argparse.Namespace) -> None:
         raise TrainError("the following arguments are required: --output")
     elif a.data is None and not a.prompts and not a.self_prompts:
         raise TrainError("give --prompts FILE... (and/or --self-prompts N) or --data FILE")
-    if a.data is not None and not os.path.isfile(a.data):
-        raise TrainError(f"data file not found: {a.data}")
+    if a.prompt_repeats > 1 and not a.gen_temperature:
+        raise TrainError(
+            "--prompt-repeats needs --gen-temperature > 0 (greedy answers to a repeated prompt are equal)"
+        )
+    for path in a.data or []:
+        if not os.path.isfile(path):
+            raise TrainError(f"data file not found: {path}")
     positive("val_samples", a.val_samples, allow_zero=True)
     positive("eval_every", a.eval_every, allow_zero=True)
     if a.val_data is not None and a.val_samples:
@@ -345,9 +379,10 @@ def _generate_data(
 ) -> tuple[list[Sample], Target | None, Any, dict[str, Any]]:
     """Prompts -> responses from the target, in ``--gen-procs`` processes. Returns samples, the HF target
     (if it was loaded in this process for generation), the tokenizer (if loaded) and generation stats."""
-    prompts = load_prompts(a.prompts, seed=a.seed) if a.prompts else []
+    prompts = load_prompts(a.prompts, seed=a.seed, gsm8k_suffix=a.gsm8k_suffix) if a.prompts else []
     if a.num_prompts is not None:
         prompts = prompts[: a.num_prompts]
+    prompts = [p for p in prompts for _ in range(a.prompt_repeats)]  # request i samples with its own seed
     asks = self_question_prompts(a.self_prompts, seed=a.seed) if a.self_prompts else []
     t0 = time.time()
     generator = a.generator
@@ -408,6 +443,8 @@ def _generate_data(
     stats["seconds"] = round(time.time() - t0, 1)
     stats.update(
         sources=list(a.prompts),
+        gsm8k_suffix=a.gsm8k_suffix,
+        prompt_repeats=a.prompt_repeats,
         max_new_tokens=a.max_new_tokens,
         temperature=a.gen_temperature,
         target=target_path,
@@ -533,7 +570,8 @@ def run(a: argparse.Namespace) -> TrainResult:
         return _eval_only(a, device, dtype)
     work = a.work_dir or a.output
     os.makedirs(work, exist_ok=True)
-    data_path = a.data or os.path.join(work, "data.jsonl")
+    data_paths = list(a.data) if a.data else [os.path.join(work, "data.jsonl")]
+    data_path = data_paths[0]
     target_path = resolve_target_path(a.target)
     target: Target | None = None
     tokenizer: Any = None
@@ -548,10 +586,7 @@ def run(a: argparse.Namespace) -> TrainResult:
         if rank != 0:
             samples = load_samples(data_path)
     else:
-        samples = load_samples(data_path)
-        if os.path.isfile(data_path + ".meta.json"):  # how the reused data was generated
-            with open(data_path + ".meta.json", encoding="utf-8") as f:
-                gen_stats = json.load(f)
+        samples, gen_stats = _load_data(data_paths)
     if a.generate_only:
         return TrainResult(None, a.output, data_path, dict(generation=gen_stats))
     val: list[Sample] = []
@@ -569,7 +604,7 @@ def run(a: argparse.Namespace) -> TrainResult:
         held = set(order[: a.val_samples])
         val = [s for i, s in enumerate(samples) if i in held]
         samples = [s for i, s in enumerate(samples) if i not in held]
-        val_source = f"{a.val_samples} samples held out of {os.path.abspath(data_path)}"
+        val_source = f"{a.val_samples} samples held out of {', '.join(map(os.path.abspath, data_paths))}"
     if target is None:
         target = load_target(target_path, device, dtype)
     if tokenizer is None and a.method == "dflash" and a.mask_token_id is None:
@@ -577,7 +612,7 @@ def run(a: argparse.Namespace) -> TrainResult:
             tokenizer = load_tokenizer(target_path)
         except Exception:  # noqa: BLE001 - a tokenizer only refines the mask-token choice
             tokenizer = None
-    _check_vocab(data_path, samples, target)
+    _check_vocab(", ".join(data_paths), samples, target)
     _check_vocab(a.val_data, val, target)
     drafter = _init_drafter(a, target) if a.init_from else _build_drafter(a, target, samples, tokenizer)
     targs = TrainArgs(
@@ -616,7 +651,9 @@ def run(a: argparse.Namespace) -> TrainResult:
             method=a.method,
             target=target_path,
             data=dict(
-                path=os.path.abspath(data_path),
+                path=os.path.abspath(data_path)
+                if len(data_paths) == 1
+                else [os.path.abspath(p) for p in data_paths],
                 samples=len(samples),
                 tokens=sum(len(s.input_ids) for s in samples),
                 loss_tokens=sum(sum(s.loss_mask) for s in samples),
@@ -643,6 +680,24 @@ def run(a: argparse.Namespace) -> TrainResult:
         size = os.path.getsize(paths["weights"])
         _log(f"exported {a.method} drafter to {a.output} ({size / 1e6:.2f} MB); final {metrics['final']}")
     return TrainResult(drafter, a.output, data_path, metrics)
+
+
+def _load_data(paths: list[str]) -> tuple[list[Sample], dict[str, Any]]:
+    """Samples of every ``--data`` file, in order, and how each was generated (its ``.meta.json``, if any): one
+    file's record as is, several as ``files`` [{path, samples, generation}]."""
+    samples: list[Sample] = []
+    records: list[dict[str, Any]] = []
+    for path in paths:
+        got = load_samples(path)
+        meta: dict[str, Any] = {}
+        if os.path.isfile(path + ".meta.json"):
+            with open(path + ".meta.json", encoding="utf-8") as f:
+                meta = json.load(f)
+        samples += got
+        records.append(dict(path=os.path.abspath(path), samples=len(got), generation=meta))
+    if len(paths) == 1:
+        return samples, records[0]["generation"]
+    return samples, dict(files=records)
 
 
 def _check_vocab(path: str | None, samples: list[Sample], target: Target) -> None:

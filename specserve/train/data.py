@@ -210,10 +210,17 @@ def _text_prompts(path: str, rng: random.Random, limit: int | None, chunk_lines:
     return out
 
 
-def load_prompts(specs: Sequence[str], seed: int = 0) -> list[str]:
+GSM8K_SUFFIX_MODES = ("half", "none", "all")
+
+
+def load_prompts(specs: Sequence[str], seed: int = 0, gsm8k_suffix: str = "half") -> list[str]:
     """Prompts from ``path[:N]`` specs: .jsonl (``turns[0]``, ``question``, ``prompt``, ``instruction``,
     ``text``), .json arrays (MBPP minus its test split's task_ids), .txt corpora (continuation prompts from
-    chunks). Evaluation sets are refused; Spec-Bench MT-Bench / math_reasoning records are dropped."""
+    chunks). Evaluation sets are refused; Spec-Bench MT-Bench / math_reasoning records are dropped.
+    ``gsm8k_suffix``: which prompts of a gsm8k file get the step-by-step / ``\\boxed{}`` instruction (every
+    other one, none or all); the selection of a ``:N`` cap does not depend on it."""
+    if gsm8k_suffix not in GSM8K_SUFFIX_MODES:
+        raise TrainError(f"gsm8k_suffix must be one of {', '.join(GSM8K_SUFFIX_MODES)}, got {gsm8k_suffix!r}")
     rng = random.Random(seed)
     prompts: list[str] = []
     for spec in specs:
@@ -246,8 +253,10 @@ def load_prompts(specs: Sequence[str], seed: int = 0) -> list[str]:
                 if p and p.strip():
                     got.append(p.strip())
             rng.shuffle(got)
-            if "gsm8k" in name:  # half of them in the benchmark's prompt style
-                got = [g + GSM8K_SUFFIX if i % 2 == 0 else g for i, g in enumerate(got)]
+            if "gsm8k" in name and gsm8k_suffix != "none":  # the benchmark's prompt style (half: every other)
+                got = [
+                    g + GSM8K_SUFFIX if gsm8k_suffix == "all" or i % 2 == 0 else g for i, g in enumerate(got)
+                ]
             if limit is not None:
                 got = got[:limit]
         if not got:
