@@ -160,9 +160,8 @@ def main() -> int:
     model = build(cfg, layers, dtype, True, blocks)
     from specserve.layers.linear import transpose_decoder_linears, weight_layout
 
-    if (
-        weight_layout() == "kn"
-    ):  # SPECSERVE_WEIGHT_LAYOUT=kn: the projections stored transposed, as the engine does
+    layout = weight_layout("cuda" if CUDA else "cpu", cfg.hidden_size)  # the engine's choice for this target
+    if layout == "kn":  # the projections stored transposed, as the engine does
         transpose_decoder_linears(model.layers)
     elsize = torch.empty((), dtype=dtype).element_size()
     wb = weight_bytes(model)
@@ -180,7 +179,7 @@ def main() -> int:
     name = torch.cuda.get_device_name() if CUDA else "cpu"
     print(
         f"{cfg.architecture} x {layers} layers, batch {a.batch}, context {a.context}, {a.dtype}, {name}, "
-        f"weight layout {weight_layout()}"
+        f"weight layout {layout}"
     )
     print(f"GEMM weight bytes / all weight bytes read: {gemm_bytes / wb:.4f} (should be ~1: norms are tiny)")
     print(f"weights {wb / 1e9:.3f} GB; DRAM rate {rate / 1e12:.2f} TB/s -> floor {floor_ms:.3f} ms")
@@ -258,7 +257,7 @@ def main() -> int:
         batch=a.batch,
         context=a.context,
         dtype=a.dtype,
-        weight_layout=weight_layout(),
+        weight_layout=layout,
         weight_bytes=wb,
         dram_Bps=rate,
         floor_ms=floor_ms,

@@ -8,7 +8,8 @@
 #    weight-read floor, async scheduling on/off
 # 2b. where a plain decode step's GPU time goes (decode_profile.py: per-GEMM read rate, kernels, graph gaps), b1/b8;
 #     gemm_layouts.py: each decode GEMM shape as F.linear / x @ W.T-stored / no reduced-precision reduction / Triton;
-#     then the whole step and the engine with the projections stored transposed (SPECSERVE_WEIGHT_LAYOUT=kn)
+#     then the whole step and the engine with nn.Linear's layout (SPECSERVE_WEIGHT_LAYOUT=nk; since session 6 the
+#     8B-shaped target stores its projections transposed by default, specserve/layers/linear.py)
 # 3. SmolLM2-135M shape batch 1: HF transformers eager + static cache (compiled, warmed up) vs specserve plain
 #    and DFlash K=15 (random weights: speed only; acceptance of a random target is meaningless)
 set -uo pipefail
@@ -38,14 +39,14 @@ say "decode profile"
 timeout "${LAYOUT_TIME:-150}" python benchmarks/gemm_layouts.py --config-dir "$CFG/qwen3-8b" --rows 1 4 8 16 \
     --out "$W/gemm_layouts.json" 2>&1 | grep -v "^\[transformers\]" | tee "$W/gemm_layouts.log"
 say "gemm layouts"
-# the decode projections stored transposed (SPECSERVE_WEIGHT_LAYOUT=kn): graph replay profile, then the engine
-SPECSERVE_WEIGHT_LAYOUT=kn timeout "${PROFILE_TIME:-120}" python benchmarks/decode_profile.py \
-    --config-dir "$CFG/qwen3-8b" --batch 1 --out "$W/decode_profile-kn-b1.json" 2>&1 \
-    | grep -v "^\[transformers\]" | tee "$W/decode_profile-kn-b1.log"
-SPECSERVE_WEIGHT_LAYOUT=kn timeout "${KN_TIME:-90}" python benchmarks/step_latency.py --config-dir "$CFG/qwen3-8b" \
+# nn.Linear's layout (SPECSERVE_WEIGHT_LAYOUT=nk) beside the default transposed one: graph replay profile, engine
+SPECSERVE_WEIGHT_LAYOUT=nk timeout "${PROFILE_TIME:-120}" python benchmarks/decode_profile.py \
+    --config-dir "$CFG/qwen3-8b" --batch 1 --out "$W/decode_profile-nk-b1.json" 2>&1 \
+    | grep -v "^\[transformers\]" | tee "$W/decode_profile-nk-b1.log"
+SPECSERVE_WEIGHT_LAYOUT=nk timeout "${KN_TIME:-90}" python benchmarks/step_latency.py --config-dir "$CFG/qwen3-8b" \
     --batches 1 8 --max-tokens 48 --configs plain dflash:15 --skip-eager --skip-hf \
-    --out "$W/step_latency-kn-h200.json" 2>&1 | grep -v "^\[transformers\]\|^{" | tee "$W/step_latency-kn-h200.log"
-say "transposed weight layout"
+    --out "$W/step_latency-nk-h200.json" 2>&1 | grep -v "^\[transformers\]\|^{" | tee "$W/step_latency-nk-h200.log"
+say "nn.Linear weight layout"
 timeout "${SMOL_TIME:-240}" python benchmarks/smollm2_gpu.py --config-dir "$CFG/smollm2" --no-eager \
     --hf-timeout "${HF_TIME:-200}" --dflash $D --only plain "dflash K=15" --out "$W/smollm2_gpu-dummy-h200.json" 2>&1 \
     | tee "$W/smollm2_gpu-raw.log" | grep -v "^\[transformers\]" | tee "$W/smollm2_gpu-dummy-h200.log"

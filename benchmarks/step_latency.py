@@ -285,8 +285,14 @@ def main() -> int:
     dram = max(bw, read_bw)
     floor_ms = 1e3 * wb / dram
     plain = {r["batch"]: r["step_ms_wall"] for r in rows if r["method"] == "plain" and r["graphs"]}
+    from transformers import AutoConfig
+
+    from specserve.layers.linear import weight_layout
+
+    layout = weight_layout("cuda", int(AutoConfig.from_pretrained(args.config_dir).hidden_size))
     print(
-        f"\nQwen3-8B-shaped target, bf16, {wb / 1e9:.2f} GB of weights; weight-read floor {floor_ms:.3f} ms "
+        f"\nQwen3-8B-shaped target, bf16, {wb / 1e9:.2f} GB of weights ({layout} projections); "
+        f"weight-read floor {floor_ms:.3f} ms "
         f"(DRAM {dram / 1e12:.2f} TB/s: copy traffic {bw / 1e12:.2f}, reduction read {read_bw / 1e12:.2f}); HF transformers decode forward (batch 1): "
         f"{hf_ms if hf_ms is None else round(hf_ms, 2)} ms"
     )
@@ -327,6 +333,7 @@ def main() -> int:
         "weight_read_floor_ms": floor_ms,
         "floor_definition": "weight bytes / max(copy read+write traffic rate, reduction read rate)",
         "hf_transformers_decode_ms_batch1": hf_ms,
+        "weight_layout": layout,
         "rows": rows,
     }
     out = Path(args.out or f"benchmarks/results/step_latency-{time.strftime('%Y%m%d-%H%M%S')}.json")

@@ -1,5 +1,6 @@
-"""SPECSERVE_WEIGHT_LAYOUT=kn (the decode GEMM layout experiment, specserve/layers/linear.py): the transposed
-projections compute what nn.Linear computes, and the engine's greedy tokens do not change (plain and DFlash)."""
+"""The transposed decode GEMM layout (specserve/layers/linear.py; the default for large CUDA targets,
+SPECSERVE_WEIGHT_LAYOUT=kn elsewhere): the transposed projections compute what nn.Linear computes, and the
+engine's greedy tokens do not change (plain and DFlash)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,18 @@ def test_transposed_linear_matches_nn_linear(bias, shape):
     assert torch.equal(t.weight_t.t(), lin.weight)
     x = torch.randn(*shape)
     torch.testing.assert_close(t(x), lin(x), rtol=1e-5, atol=1e-6)
+
+
+def test_default_layout_transposes_large_cuda_targets_only(monkeypatch):
+    monkeypatch.delenv("SPECSERVE_WEIGHT_LAYOUT", raising=False)
+    assert weight_layout() == "nk"
+    assert weight_layout("cpu", 4096) == "nk"  # measured on the H200 only
+    assert weight_layout("cuda", 576) == "nk"  # SmolLM2: launch-bound, no gain
+    assert weight_layout(torch.device("cuda", 0), 4096) == "kn"  # Qwen3-8B shape: -4.7% per decode step
+    monkeypatch.setenv("SPECSERVE_WEIGHT_LAYOUT", "nk")
+    assert weight_layout("cuda", 4096) == "nk"
+    monkeypatch.setenv("SPECSERVE_WEIGHT_LAYOUT", "KN")
+    assert weight_layout("cpu", 64) == "kn"
 
 
 def test_bad_layout_is_a_clear_error(monkeypatch):

@@ -1,12 +1,14 @@
-"""A linear layer whose weight is stored transposed, for the decode GEMM layout experiment (issue #6).
+"""A linear layer whose weight is stored transposed: the decode GEMM layout of large targets on CUDA (issue #6).
 
 ``nn.Linear`` keeps W as [out, in] (K contiguous) and cuBLAS runs ``x @ W.T`` as a "TN" GEMM; on the H200 its
-decode-shape kernels stream o_proj / qkv / down at only 64-80% of the DRAM rate (session 5,
-``benchmarks/results/h200-2026-12-03-s5/decode_profile-b1.log``). :class:`TransposedLinear` stores ``W.T``
-contiguous ([in, out]) so the product is an "NN" GEMM, which cuBLAS serves with other kernels.
-``SPECSERVE_WEIGHT_LAYOUT=kn`` converts the target's decoder projections at load time
-(:func:`transpose_decoder_linears`); off by default until ``benchmarks/gemm_layouts.py`` / ``step_latency.py``
-measure it faster. Same values as ``nn.Linear`` up to the GEMM's accumulation order.
+decode-shape kernels stream o_proj / qkv / down at only 59-79% of the DRAM rate. :class:`TransposedLinear` stores
+``W.T`` contiguous ([in, out]) so the product is an "NN" GEMM, which cuBLAS serves with other kernels: session 6
+(``benchmarks/results/h200-2026-12-03-s6/gemm_layouts.log``) measured every Qwen3-8B decode GEMM at least as fast
+that way (gate_up 95.8 -> 99.9%, down 78.9 -> 85.5%, LM head 98.3 -> 104.6% of the copy rate at 1 row) and the
+8B-shaped plain decode step 5.309 -> 5.061 ms (``step_latency-{nk,kn}-b1.log``), while SmolLM2-135M's
+launch-bound batch-1 decode did not gain (1006 vs 985 tok/s, within run-to-run noise). Hence the default
+(:func:`weight_layout`): transposed on CUDA for hidden sizes from 2048 up, nn.Linear's elsewhere;
+``SPECSERVE_WEIGHT_LAYOUT=nk|kn`` overrides it. Same values as ``nn.Linear`` up to the GEMM's accumulation order.
 """
 
 from __future__ import annotations
@@ -16,13 +18,19 @@ import os
 import torch
 from torch import nn
 
+KN_MIN_HIDDEN = 2048  # between the two measured shapes: SmolLM2's 576 (no gain) and Qwen3-8B's 4096 (-4.7%)
 
-def weight_layout() -> str:
-    """``"nk"`` (nn.Linear's, the default) or ``"kn"`` (transposed), from ``SPECSERVE_WEIGHT_LAYOUT``."""
-    v = os.environ.get("SPECSERVE_WEIGHT_LAYOUT", "nk").lower()
-    if v not in ("nk", "kn"):
-        raise ValueError(f"SPECSERVE_WEIGHT_LAYOUT must be 'nk' or 'kn', got {v!r}")
-    return v
+
+def weight_layout(device: torch.device | str | None = None, hidden_size: int | None = None) -> str:
+    """``"kn"`` (projections stored transposed) or ``"nk"`` (nn.Linear's): ``SPECSERVE_WEIGHT_LAYOUT`` if set,
+    else ``"kn"`` for a CUDA target whose hidden size is at least :data:`KN_MIN_HIDDEN`, else ``"nk"``."""
+    v = os.environ.get("SPECSERVE_WEIGHT_LAYOUT", "").lower()
+    if v:
+        if v not in ("nk", "kn"):
+            raise ValueError(f"SPECSERVE_WEIGHT_LAYOUT must be 'nk' or 'kn', got {v!r}")
+        return v
+    on_cuda = device is not None and torch.device(device).type == "cuda"
+    return "kn" if on_cuda and hidden_size is not None and hidden_size >= KN_MIN_HIDDEN else "nk"
 
 
 class TransposedLinear(nn.Module):

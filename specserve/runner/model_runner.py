@@ -147,7 +147,9 @@ class ModelRunner:
         self.model.eval().requires_grad_(False)
         from specserve.layers.linear import transpose_decoder_linears, weight_layout
 
-        if weight_layout() == "kn":  # experimental decode GEMM layout (see specserve/layers/linear.py)
+        if (
+            weight_layout(device, int(model_config.hidden_size)) == "kn"
+        ):  # decode GEMM layout (layers/linear.py)
             transpose_decoder_linears(self.model.layers)
         self.model.rope.to(device)
         self.backend = make_backend(config.attention_backend, device)
