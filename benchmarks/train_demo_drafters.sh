@@ -33,7 +33,8 @@
 # SAMPLED_REPEATS (R > 0 adds a second data set of sampled answers, appended to the greedy one: the gsm8k_train
 # prompts (the first 3500 + EXTRA_PROMPTS) without the answer-format suffix, as gsm8k_test asks them, each
 # answered R times at SAMPLED_TEMPERATURE (default 0.6) with its own seed, plus SAMPLED_SELF_PROMPTS (default 0)
-# self-written questions answered at that temperature; cross-entropy on samples of the target's distribution
+# self-written questions answered at that temperature (SAMPLED_SEED, default 0: the base of the sampling seeds;
+# another value gives another sampled set from the same prompts); cross-entropy on samples of the target's distribution
 # keeps the argmax the greedy verifier checks, and the sampled prefixes cover more of what the target writes).
 set -euo pipefail
 : "${SMOLLM2_GGUF:?set SMOLLM2_GGUF to SmolLM2-135M-Instruct.Q4_1.gguf}"
@@ -75,7 +76,7 @@ if [ "${SAMPLED_REPEATS:-0}" -gt 0 ]; then
     $TRAIN dflash --target "$SMOLLM2_GGUF" --output "$WORK/sampled" --work-dir "$WORK/sampled" --generate-only \
         --prompts "$DATA_DIR/gsm8k_train.jsonl:3500" ${EXTRA_PROMPTS:-} --gsm8k-suffix none \
         --prompt-repeats "$SAMPLED_REPEATS" --self-prompts "${SAMPLED_SELF_PROMPTS:-0}" \
-        --gen-temperature "${SAMPLED_TEMPERATURE:-0.6}" --max-new-tokens 384 --max-prompt-length 1024 \
+        --gen-temperature "${SAMPLED_TEMPERATURE:-0.6}" --gen-seed "${SAMPLED_SEED:-0}" --max-new-tokens 384 --max-prompt-length 1024 \
         --generator "$GENERATOR" --gen-procs "$GEN_PROCS" --gen-batch-size 512 --seed 0
     DATA+=("$WORK/sampled/data.jsonl")
     [ -z "${OUT:-}" ] || gzip -c "$WORK/sampled/data.jsonl" > "$OUT/data-sampled.jsonl.gz"

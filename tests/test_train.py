@@ -300,6 +300,15 @@ def test_prompt_repeats_sample_distinct_answers(tmp_path, capsys):
     assert all(len(set(v)) > 1 for v in by_prompt.values())  # the repeats sampled different answers
     meta = json.loads((tmp_path / "o" / "data.jsonl.meta.json").read_text())
     assert meta["prompt_repeats"] == 3 and meta["gsm8k_suffix"] == "half" and meta["prompts"] == 6
+    # --gen-seed: the same prompts (same --seed), other sampling seeds -> other answers; the same one -> the same
+    for out, gen_seed in (("o2", "0"), ("o3", "100000")):
+        a2 = [x if x != str(tmp_path / "o") else str(tmp_path / out) for x in args]
+        assert main(a2 + ["--gen-temperature", "1.5", "--gen-seed", gen_seed]) == 0
+    same = load_samples(str(tmp_path / "o2" / "data.jsonl"))
+    other = load_samples(str(tmp_path / "o3" / "data.jsonl"))
+    assert [x.input_ids for x in same] == [x.input_ids for x in samples]
+    assert [x.input_ids for x in other] != [x.input_ids for x in samples]
+    assert {tuple(x.input_ids[: x.loss_mask.index(1)]) for x in other} == set(by_prompt)
 
 
 def test_several_data_files_train_together(tmp_path, tiny):

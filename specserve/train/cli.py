@@ -130,6 +130,13 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--max-new-tokens", type=int, default=512)
     g.add_argument("--max-prompt-length", type=int, default=1024, help="drop longer (templated) prompts")
     g.add_argument("--gen-temperature", type=float, default=0.0)
+    g.add_argument(
+        "--gen-seed",
+        type=int,
+        default=None,
+        help="base of the per-request sampling seeds (default: --seed, which also picks and shuffles the prompts): "
+        "a second sampled data set from the same prompts needs another one",
+    )
     g.add_argument("--generator", choices=["auto", "engine", "hf"], default="auto")
     g.add_argument("--gen-batch-size", type=int, default=256, help="hf batch size / engine max_num_seqs")
     g.add_argument("--gen-procs", type=int, default=1, help="generator processes sharing the device(s)")
@@ -406,7 +413,7 @@ def _generate_data(
             max_prompt_length=a.max_prompt_length,
             max_new_tokens=a.max_new_tokens,
             temperature=a.gen_temperature,
-            seed=a.seed + 1000 * i,
+            seed=(a.seed if a.gen_seed is None else a.gen_seed) + 1000 * i,
             batch_size=a.gen_batch_size,
             gpu_memory_utilization=0.5 if procs == 1 else 0.95,
             # several engines on one GPU: memory profiling would see the others' allocations, so size each
@@ -445,6 +452,8 @@ def _generate_data(
         sources=list(a.prompts),
         gsm8k_suffix=a.gsm8k_suffix,
         prompt_repeats=a.prompt_repeats,
+        seed=a.seed,
+        gen_seed=a.gen_seed,
         max_new_tokens=a.max_new_tokens,
         temperature=a.gen_temperature,
         target=target_path,
