@@ -29,13 +29,14 @@
 # default 0), LR (peak learning rate, default 6e-4), DFLASH_LAYERS /
 # DFLASH_INTERMEDIATE (the DFlash drafter's shape for a run from scratch, default 3 / 704: ~14.6 MB in bf16; the
 # bundled drafters together may take 25 MB, EAGLE-3's head 9.7 of them),
-# BATCH_SIZE (sequences per step, default 32), EXTRA_DATA (more samples files to train on beside DATA_FILE's, e.g. an earlier run's sampled set),
+# BATCH_SIZE (sequences per step, default 32), EXTRA_DATA (more samples files to train on beside DATA_FILE's, e.g.
+# an earlier run's sampled set),
 # SAMPLED_REPEATS (R > 0 adds a second data set of sampled answers, appended to the greedy one: the gsm8k_train
 # prompts (the first 3500 + EXTRA_PROMPTS) without the answer-format suffix, as gsm8k_test asks them, each
 # answered R times at SAMPLED_TEMPERATURE (default 0.6) with its own seed, plus SAMPLED_SELF_PROMPTS (default 0)
 # self-written questions answered at that temperature (SAMPLED_SEED, default 0: the base of the sampling seeds;
-# another value gives another sampled set from the same prompts); cross-entropy on samples of the target's distribution
-# keeps the argmax the greedy verifier checks, and the sampled prefixes cover more of what the target writes).
+# another value gives another sampled set from the same prompts); cross-entropy on samples of the target's
+# distribution keeps the argmax the greedy verifier checks, and the sampled prefixes cover more of what it writes).
 set -euo pipefail
 : "${SMOLLM2_GGUF:?set SMOLLM2_GGUF to SmolLM2-135M-Instruct.Q4_1.gguf}"
 : "${DATA_DIR:?set DATA_DIR to the shared data directory (gsm8k_train.jsonl, corpus/, ...)}"
