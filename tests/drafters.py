@@ -1,4 +1,5 @@
-"""Tiny random drafter checkpoints in the real formats (z-lab DFlash, LlamaForCausalLMEagle3)."""
+"""Tiny random drafter checkpoints in the real formats (z-lab DFlash, LlamaForCausalLMEagle3), and a tiny random
+chat target with a word-level tokenizer and a chat template (for data generation through the chat template)."""
 
 from __future__ import annotations
 
@@ -146,3 +147,33 @@ def edit_target(src: str, dst: Path, edit) -> str:  # type: ignore[no-untyped-de
     edit(w)
     save_file(w, str(dst / "model.safetensors"), metadata={"format": "pt"})
     return str(dst)
+
+
+def tiny_chat_target(
+    d: Path, words: list[str], *, seed: int, vocab_size: int, num_layers: int, max_position: int
+) -> str:
+    """A random Qwen3 target saved with a word-level tokenizer over ``<unk> <|im_start|> <|im_end|> user assistant``
+    + ``words`` (ids in that order; other words are ``<unk>``) and a chat template; returns its directory."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+
+    vocab = ["<unk>", "<|im_start|>", "<|im_end|>", "user", "assistant", *words]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(vocab)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    template = (
+        "{% for m in messages %}<|im_start|> {{ m['role'] }} {{ m['content'] }} <|im_end|> {% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|> assistant {% endif %}"
+    )
+    hf_tok = PreTrainedTokenizerFast(
+        tokenizer_object=tok, unk_token="<unk>", bos_token="<|im_start|>", eos_token="<|im_end|>",
+        chat_template=template,
+    )  # fmt: skip
+    torch.manual_seed(seed)
+    cfg = Qwen3Config(
+        vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=num_layers,
+        num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=max_position,
+        eos_token_id=2, bos_token_id=1, tie_word_embeddings=True,
+    )  # fmt: skip
+    Qwen3ForCausalLM(cfg).save_pretrained(str(d))
+    hf_tok.save_pretrained(str(d))
+    return str(d)

@@ -12,37 +12,10 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
+from drafters import tiny_chat_target
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "train_demo_drafters.sh"
-
-
-def _tiny_chat_target(d: Path) -> str:
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
-
-    words = ["<unk>", "<|im_start|>", "<|im_end|>", "user", "assistant", "what", "is", "the", "sum", "of"]
-    words += ["two", "and", "three", "write", "a", "function", "scene", "continue", "?", "."]
-    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    template = (
-        "{% for m in messages %}<|im_start|> {{ m['role'] }} {{ m['content'] }} <|im_end|> {% endfor %}"
-        "{% if add_generation_prompt %}<|im_start|> assistant {% endif %}"
-    )
-    hf_tok = PreTrainedTokenizerFast(
-        tokenizer_object=tok, unk_token="<unk>", bos_token="<|im_start|>", eos_token="<|im_end|>",
-        chat_template=template,
-    )  # fmt: skip
-    torch.manual_seed(3)
-    cfg = Qwen3Config(
-        vocab_size=4096, hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=2,
-        num_key_value_heads=1, head_dim=16, max_position_embeddings=2048, eos_token_id=2, bos_token_id=1,
-        tie_word_embeddings=True,
-    )  # fmt: skip
-    Qwen3ForCausalLM(cfg).save_pretrained(str(d))
-    hf_tok.save_pretrained(str(d))
-    return str(d)
 
 
 def _data_dir(d: Path) -> Path:
@@ -85,7 +58,24 @@ def _lines(path: Path) -> int:
 
 @pytest.mark.timeout(900)
 def test_demo_recipe_runs_end_to_end(tmp_path):
-    target = _tiny_chat_target(tmp_path / "target")
+    words = [
+        "what",
+        "is",
+        "the",
+        "sum",
+        "of",
+        "two",
+        "and",
+        "three",
+        "write",
+        "a",
+        "function",
+        "scene",
+        "continue",
+    ]
+    target = tiny_chat_target(  # vocab well above what the data uses: DFlash needs an unused mask token id
+        tmp_path / "target", words + ["?", "."], seed=3, vocab_size=4096, num_layers=4, max_position=2048
+    )
     data = _data_dir(tmp_path / "data")
     assets, out = tmp_path / "assets", tmp_path / "out"
     common = dict(

@@ -168,45 +168,12 @@ def test_mask_token_pick_avoids_data_and_stop_tokens():
 
 
 def _tiny_tokenizer_target(tmp_path) -> str:
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+    from drafters import tiny_chat_target
 
-    words = [
-        "<unk>",
-        "<|im_start|>",
-        "<|im_end|>",
-        "user",
-        "assistant",
-        "write",
-        "a",
-        "poem",
-        "about",
-        "cats",
-    ]
-    words += ["dogs", "the", "sea", "why", "is", "sky", "blue", "?"]
-    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    template = (
-        "{% for m in messages %}<|im_start|> {{ m['role'] }} {{ m['content'] }} <|im_end|> {% endfor %}"
-        "{% if add_generation_prompt %}<|im_start|> assistant {% endif %}"
+    words = ["write", "a", "poem", "about", "cats", "dogs", "the", "sea", "why", "is", "sky", "blue", "?"]
+    return tiny_chat_target(
+        tmp_path / "tiny_qwen3", words, seed=1, vocab_size=64, num_layers=2, max_position=256
     )
-    hf_tok = PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        unk_token="<unk>",
-        bos_token="<|im_start|>",
-        eos_token="<|im_end|>",
-        chat_template=template,
-    )
-    d = tmp_path / "tiny_qwen3"
-    torch.manual_seed(1)
-    cfg = Qwen3Config(
-        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
-        num_key_value_heads=1, head_dim=16, max_position_embeddings=256, eos_token_id=2, bos_token_id=1,
-        tie_word_embeddings=True,
-    )  # fmt: skip
-    Qwen3ForCausalLM(cfg).save_pretrained(str(d))
-    hf_tok.save_pretrained(str(d))
-    return str(d)
 
 
 def test_generate_with_hf_generator(tmp_path):
