@@ -10,12 +10,16 @@ For each shape (bf16, block_size 16, shuffled block tables) it checks Triton aga
 ``triton.testing.do_bench`` (L2 flushed between calls): eager call, CUDA-graph replay of one call, the same with
 split-KV disabled, and dense non-paged SDPA over contiguous K/V as a side-by-side baseline. GB/s counts the K/V
 bytes each call must read; "%copy" compares it with the measured device-to-device copy bandwidth.
+Both split merges (``SPECSERVE_ATTN_MERGE``) are checked and timed: ``fused`` (the default; eager_us, graph_us)
+merges in the attention kernel, ``kernel`` (kmerge_us) with a second launch; graphs are checked again after
+the timing replays (the fused merge's arrival counters must be back at 0 after every replay).
 Results go to benchmarks/results/attention_kernels_<gpu>_<time>.json with the command, git revision and GPU.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import itertools
 import json
@@ -23,7 +27,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -81,6 +85,23 @@ def capture(fn: Callable[[], Any]) -> torch.cuda.CUDAGraph:
     return g
 
 
+MERGES = ("fused", "kernel")  # SPECSERVE_ATTN_MERGE values; the first is the default
+
+
+@contextlib.contextmanager
+def merge_mode(mode: str) -> Iterator[None]:
+    """Select the split merge of ``paged_attention`` (read per call, so also what a capture records)."""
+    old = os.environ.get(ta.MERGE_ENV)
+    os.environ[ta.MERGE_ENV] = mode
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ[ta.MERGE_ENV]
+        else:
+            os.environ[ta.MERGE_ENV] = old
+
+
 def make_paged(
     b: int, q_len: int, seq_len: int, h: int, hk: int, d: int, gen: torch.Generator
 ) -> dict[str, Any]:
@@ -105,19 +126,25 @@ def run_attention(args: argparse.Namespace, copy_gbs: float) -> tuple[list[dict[
     ok = True
     batches = [1, 8] if args.quick else [1, 2, 4, 8]
     header = (
-        f"{'model':13s} {'B':>2s} {'q':>3s} {'seq':>5s} {'splits':>6s} {'max_err':>8s} {'eager_us':>9s} "
-        f"{'graph_us':>9s} {'GB/s':>7s} {'%copy':>6s} {'nosplit_us':>10s} {'sdpa_us':>8s}"
+        f"{'model':13s} {'B':>2s} {'q':>3s} {'seq':>5s} {'hint':>5s} {'splits':>6s} {'max_err':>8s} "
+        f"{'eager_us':>9s} {'graph_us':>9s} {'GB/s':>7s} {'%copy':>6s} {'kmerge_us':>9s} {'nosplit_us':>10s} "
+        f"{'sdpa_us':>8s}"
     )
-    print("\npaged_attention (bf16, block_size 16, causal; times per call; GB/s = K/V bytes / graph time)")
+    # max_seq_len hint = the context, and (as CUDA-graph buckets pass it) the model's maximum length, which
+    # picks more splits than the context fills: most of them are empty
+    seq_hints = [(s, s) for s in (512, 4096)]
+    seq_hints += [(s, args.max_model_len) for s in (512, 4096) if args.max_model_len > s]
+    print("\npaged_attention (bf16, block_size 16, causal; times per call; GB/s = K/V bytes / graph time;")
+    print("hint = max_seq_len passed; graph_us: fused split merge, kmerge_us: merge kernel)")
     print(header)
     gen = torch.Generator(device="cuda").manual_seed(0)
     for model, (h, hk, d) in MODELS.items():
         for b in batches:
             for q_len in (1, 16):
-                for seq_len in (512, 4096):
+                for seq_len, hint in seq_hints:
                     m = make_paged(b, q_len, seq_len, h, hk, d, gen)
                     meta = (m["query_start_loc"], m["seq_lens"], m["block_tables"])
-                    kw = {"max_query_len": q_len, "max_seq_len": seq_len}
+                    kw = {"max_query_len": q_len, "max_seq_len": hint}
                     out = torch.empty_like(m["q"])
                     call = lambda m=m, meta=meta, kw=kw, out=out: ta.paged_attention(
                         m["q"], m["k_cache"], m["v_cache"], *meta, out=out, **kw
@@ -126,21 +153,42 @@ def run_attention(args: argparse.Namespace, copy_gbs: float) -> tuple[list[dict[
                         m["q"], m["k_cache"], m["v_cache"], *meta, num_splits=1, **kw
                     )
                     ref = paged_attention_ref(m["q"], m["k_cache"], m["v_cache"], *meta)
-                    call()
-                    err = (out.float() - ref.float()).abs().max().item()
-                    err_ns = (call_nosplit().float() - ref.float()).abs().max().item()
-                    g = capture(call)
-                    out.zero_()
-                    g.replay()
-                    torch.cuda.synchronize()
-                    err_graph = (out.float() - ref.float()).abs().max().item()
-                    good = max(err, err_ns, err_graph) < 2e-2
-                    ok &= good
+
+                    def max_err(x: torch.Tensor, ref: torch.Tensor = ref) -> float:
+                        return (x.float() - ref.float()).abs().max().item()
+
+                    errs: dict[str, dict[str, float]] = {}
+                    graphs: dict[str, torch.cuda.CUDAGraph] = {}
+                    graph_times: dict[str, float] = {}
+                    for merge in MERGES:
+                        with merge_mode(merge):
+                            out.zero_()
+                            call()
+                            e = {"eager": max_err(out)}
+                            graphs[merge] = g = capture(call)
+                        out.zero_()
+                        g.replay()
+                        torch.cuda.synchronize()
+                        e["graph"] = max_err(out)
+                        errs[merge] = e
+                    err_ns = max_err(call_nosplit())
                     cfg = ta.select_attention_config(h, hk, d, q_len)
                     q_tiles = triton.cdiv(q_len, cfg.queries_per_tile)
-                    splits = ta._pick_num_splits(m["q"].device, b * hk * q_tiles, cfg.block_n, seq_len, q_len)
-                    eager_us = bench_us(call)
-                    graph_us = bench_us(g.replay)
+                    splits = ta._pick_num_splits(m["q"].device, b * hk * q_tiles, cfg.block_n, hint, q_len)
+                    with merge_mode(MERGES[0]):
+                        eager_us = bench_us(call)
+                    for merge, g in graphs.items():
+                        graph_times[merge] = bench_us(g.replay)
+                        # after hundreds of replays (the fused merge's counters reset by every launch)
+                        out.zero_()
+                        g.replay()
+                        torch.cuda.synchronize()
+                        errs[merge]["graph_after_bench"] = max_err(out)
+                    err = errs[MERGES[0]]["eager"]
+                    err_graph = errs[MERGES[0]]["graph"]
+                    good = max([err_ns] + [v for e in errs.values() for v in e.values()]) < 2e-2
+                    ok &= good
+                    graph_us, kmerge_us = graph_times["fused"], graph_times["kernel"]
                     g_ns = capture(call_nosplit)
                     nosplit_us = bench_us(g_ns.replay)
                     # Dense, non-paged baseline over contiguous K/V (non-causal; same bytes read).
@@ -156,21 +204,24 @@ def run_attention(args: argparse.Namespace, copy_gbs: float) -> tuple[list[dict[
                     gbs = kv_bytes / (graph_us * 1e-6) / 1e9
                     row = {
                         "model": model, "num_heads": h, "num_kv_heads": hk, "head_dim": d, "batch": b,
-                        "q_len": q_len, "seq_len": seq_len, "num_splits": splits, "config": repr(cfg),
+                        "q_len": q_len, "seq_len": seq_len, "max_seq_len_hint": hint, "num_splits": splits,
+                        "config": repr(cfg),
                         "max_abs_err": err, "max_abs_err_nosplit": err_ns, "max_abs_err_graph": err_graph,
+                        "max_abs_err_by_merge": errs, "merge": MERGES[0],
                         "ok": good, "eager_us": eager_us, "graph_us": graph_us, "graph_nosplit_us": nosplit_us,
+                        "graph_kernel_merge_us": kmerge_us, "graph_us_by_merge": graph_times,
                         "sdpa_dense_us": sdpa_us, "kv_bytes": kv_bytes, "kv_gbs": gbs,
                         "pct_of_copy_bw": 100 * gbs / copy_gbs,
                     }  # fmt: skip
                     rows.append(row)
                     flag = "" if good else "  <-- MISMATCH"
                     print(
-                        f"{model:13s} {b:2d} {q_len:3d} {seq_len:5d} {splits:6d} {err:8.1e} {eager_us:9.1f} "
-                        f"{graph_us:9.1f} {gbs:7.0f} {100 * gbs / copy_gbs:5.0f}% {nosplit_us:10.1f} "
-                        f"{sdpa_us:8.1f}{flag}",
+                        f"{model:13s} {b:2d} {q_len:3d} {seq_len:5d} {hint:5d} {splits:6d} {err:8.1e} "
+                        f"{eager_us:9.1f} {graph_us:9.1f} {gbs:7.0f} {100 * gbs / copy_gbs:5.0f}% {kmerge_us:9.1f} "
+                        f"{nosplit_us:10.1f} {sdpa_us:8.1f}{flag}",
                         flush=True,
                     )
-                    del g, g_ns
+                    del g, g_ns, graphs
     return rows, ok
 
 
@@ -178,7 +229,7 @@ def check_graph_replay_new_metadata() -> bool:
     """Capture once, then rewrite seq_lens / block tables / query_start_loc in place and replay."""
     ok = True
     gen = torch.Generator(device="cuda").manual_seed(1)
-    for model, (h, hk, d) in MODELS.items():
+    for (model, (h, hk, d)), merge in itertools.product(MODELS.items(), MERGES):
         b, q_len, seq_len = 4, 5, 600
         m = make_paged(b, q_len, seq_len, h, hk, d, gen)
         qsl, sl, bt = m["query_start_loc"], m["seq_lens"], m["block_tables"]
@@ -187,7 +238,8 @@ def check_graph_replay_new_metadata() -> bool:
             ta.paged_attention, m["q"], m["k_cache"], m["v_cache"], qsl, sl, bt,
             max_query_len=q_len, max_seq_len=seq_len, out=out,
         )  # fmt: skip
-        g = capture(call)
+        with merge_mode(merge):
+            g = capture(call)
         # New step: q_lens 5, 1, 3, 0 (padded), new lengths, blocks of request 0 and 1 swapped.
         qsl.copy_(torch.tensor([0, 5, 6, 9, 9], dtype=torch.int32))
         sl.copy_(torch.tensor([37, 599, 256, 0], dtype=torch.int32))
@@ -199,9 +251,83 @@ def check_graph_replay_new_metadata() -> bool:
         good = err < 2e-2
         ok &= good
         print(
-            f"graph replay with new metadata ({model}): max_abs_err {err:.1e} {'ok' if good else 'MISMATCH'}"
+            f"graph replay with new metadata ({model}, {merge} merge): max_abs_err {err:.1e} "
+            f"{'ok' if good else 'MISMATCH'}"
         )
     return ok
+
+
+def check_fused_merge_stress(iters: int) -> tuple[dict[str, Any], bool]:
+    """Many graph replays of the fused split merge with new metadata each time (so stale partials from the
+    previous replay would show), against the merge-kernel graph on the same inputs; each fused replay is run
+    twice (bit-identical, else a race), and every arrival counter must be 0 at the end."""
+    ok = True
+    worst = 0.0
+    gen = torch.Generator(device="cuda").manual_seed(4)
+    h, hk, d = MODELS["Qwen3-8B"]
+    cases = [(1, 1, None), (4, 1, None), (3, 5, 64), (8, 16, None), (2, 3, 16)]  # B, max q_len, num_splits
+    for b, q_len, splits in cases:
+        seq_max = 8192
+        m = make_paged(b, q_len, seq_max, h, hk, d, gen)
+        qsl, sl = m["query_start_loc"], m["seq_lens"]
+        outs = {merge: torch.zeros_like(m["q"]) for merge in MERGES}
+        graphs = {}
+        for merge in MERGES:
+            with merge_mode(merge):
+                graphs[merge] = capture(
+                    functools.partial(
+                        ta.paged_attention,
+                        m["q"],
+                        m["k_cache"],
+                        m["v_cache"],
+                        qsl,
+                        sl,
+                        m["block_tables"],
+                        max_query_len=q_len,
+                        max_seq_len=32768,
+                        out=outs[merge],
+                        num_splits=splits,
+                    )  # fmt: skip
+                )
+        for it in range(iters):
+            q_lens = torch.randint(0, q_len + 1, (b,), generator=gen, device="cuda")
+            qsl[1:].copy_(torch.cumsum(q_lens, 0).to(torch.int32))
+            # short and long contexts, some exactly on a 64-key tile boundary, some padded (seq_len 0)
+            lens = torch.randint(1, seq_max + 1, (b,), generator=gen, device="cuda")
+            lens = torch.where(lens % 3 == 0, lens % 300 + q_lens, lens)
+            lens = torch.where(lens % 5 == 0, (lens // 64).clamp(min=1) * 64, lens)
+            lens = torch.where(lens % 7 == 0, torch.zeros_like(lens), lens)
+            sl.copy_(torch.where(lens == 0, lens, torch.maximum(lens, q_lens)).to(torch.int32))
+            for merge in MERGES:
+                outs[merge].fill_(float("nan"))
+                graphs[merge].replay()
+            first = outs["fused"].clone()
+            outs["fused"].fill_(float("nan"))
+            graphs["fused"].replay()
+            torch.cuda.synchronize()
+            n = int(qsl[-1])
+            err = (outs["fused"][:n].float() - outs["kernel"][:n].float()).abs().max().item() if n else 0.0
+            same = torch.equal(first[:n], outs["fused"][:n])
+            if it % 25 == 0:
+                ref = paged_attention_ref(m["q"], m["k_cache"], m["v_cache"], qsl, sl, m["block_tables"])
+                err = max(err, (outs["fused"][:n].float() - ref[:n].float()).abs().max().item() if n else 0.0)
+            good = same and err == err and err < 2e-2
+            worst = max(worst, err) if err == err else float("inf")
+            if not good:
+                print(
+                    f"  stress mismatch: B={b} q={q_len} splits={splits} iter {it}: err {err:.1e} same {same}"
+                )
+            ok &= good
+        del graphs
+    torch.cuda.synchronize()
+    counters = ta._merge_counters(torch.device("cuda"), 1)
+    left = int(torch.count_nonzero(counters))
+    ok &= left == 0
+    print(
+        f"fused split merge stress ({len(cases)} shapes x {iters} replays with new metadata): max_abs_err vs "
+        f"merge kernel / ref {worst:.1e}, counters left non-zero {left}: {'ok' if ok else 'FAILED'}"
+    )
+    return {"iters": iters, "cases": cases, "max_abs_err": worst, "counters_nonzero": left, "ok": ok}, ok
 
 
 def run_store_kv(args: argparse.Namespace, copy_gbs: float) -> tuple[list[dict[str, Any]], bool]:
@@ -304,6 +430,7 @@ def run_sweep(seqs: tuple[int, ...] = (4096,)) -> list[dict[str, Any]]:
                         "batch": b,
                         "q_len": q_len,
                         "seq_len": seq,
+                        "merge": ta._merge_mode(),
                         "results": [
                             dict(
                                 zip(
@@ -334,6 +461,18 @@ def main() -> int:
     parser.add_argument(
         "--sweep-seq", nargs="+", type=int, default=[4096], help="context lengths of the sweep (default 4096)"
     )
+    parser.add_argument(
+        "--max-model-len",
+        type=int,
+        default=32768,
+        help="also time each context with this max_seq_len hint, as CUDA-graph buckets pass it (0: off)",
+    )
+    parser.add_argument(
+        "--stress-iters",
+        type=int,
+        default=200,
+        help="graph replays per shape of the fused-merge stress check",
+    )
     parser.add_argument("--out", default=None, help="JSON path (default benchmarks/results/...)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
@@ -346,6 +485,7 @@ def main() -> int:
     t0 = time.time()
     attn_rows, ok_attn = run_attention(args, copy_gbs)
     ok_replay = check_graph_replay_new_metadata()
+    stress, ok_stress = check_fused_merge_stress(args.stress_iters)
     store_rows, ok_store = run_store_kv(args, copy_gbs)
     sweep_rows = run_sweep(tuple(args.sweep_seq)) if args.sweep else []
     result = {
@@ -356,8 +496,9 @@ def main() -> int:
         "triton": triton.__version__,
         "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "copy_bandwidth_gbs": copy_gbs,
-        "all_ok": ok_attn and ok_replay and ok_store,
+        "all_ok": ok_attn and ok_replay and ok_stress and ok_store,
         "paged_attention": attn_rows,
+        "fused_merge_stress": stress,
         "store_kv": store_rows,
         "sweep": sweep_rows,
         "wall_s": time.time() - t0,

@@ -256,15 +256,34 @@ TRITON_CASES = {
         {"num_splits": 2},
     ),
     "bf16_noncausal_bs32": ([20, 45], [5, 5], {"dtype": torch.bfloat16, "block_size": 32}, {"causal": False}),
+    # 32 splits over at most 2 KV tiles of 64 (as in a CUDA graph bucket sized for the model's max length): most
+    # splits are empty; a q_len 0 request, a padded request (seq_len 0) and seq_lens that are tile multiples.
+    "mostly_empty_split32": (
+        [100, 128, 30, 64, 0],
+        [1, 3, 0, 1, 2],
+        {"group": 3},
+        {"num_splits": 32},
+    ),
 }
 
+# Split cases run with both split merges (SPECSERVE_ATTN_MERGE); the others never merge.
+_TRITON_PARAMS = [
+    pytest.param(name, merge, id=f"{name}-{merge}" if "num_splits" in TRITON_CASES[name][3] else name)
+    for name in TRITON_CASES
+    for merge in (("fused", "kernel") if "num_splits" in TRITON_CASES[name][3] else ("fused",))
+]
 
-@pytest.mark.parametrize("name", list(TRITON_CASES))
-def test_paged_attention_matches_ref_and_oracle(name: str) -> None:
+
+@pytest.mark.parametrize("name,merge", _TRITON_PARAMS)
+def test_paged_attention_matches_ref_and_oracle(
+    name: str, merge: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(ta.MERGE_ENV, merge)
     seq_lens, q_lens, batch_kw, attn_kw = TRITON_CASES[name]
     batch = make_batch(seq_lens, q_lens, seed=sum(map(ord, name)), **batch_kw)
     dtype = batch.q.dtype
-    out = run_triton(batch, **attn_kw)
+    # NaN-filled output: every covered row must be written (by the last split of its group when fused).
+    out = run_triton(batch, out=torch.full_like(batch.q, float("nan")), **attn_kw)
     assert out.shape == batch.q.shape and out.dtype == dtype
     ref_kw = {k: v for k, v in attn_kw.items() if k in ("causal", "sliding_window")}
     assert_close(out, run_ref(batch, **ref_kw), dtype)
@@ -289,12 +308,16 @@ def test_paged_attention_strided_q_out_buffer_and_scale() -> None:
     assert_close(out, dense_oracle(batch, scale=0.1), torch.float32)
 
 
-def test_paged_attention_replay_with_new_metadata_in_place() -> None:
-    """Same static args and buffers, metadata rewritten in place (what a CUDA-graph replay sees)."""
+@pytest.mark.parametrize("num_splits", [None, 4])
+def test_paged_attention_replay_with_new_metadata_in_place(num_splits: int | None) -> None:
+    """Same static args and buffers, metadata rewritten in place (what a CUDA-graph replay sees); with splits,
+    the number of used splits per group changes between the calls (fused merge counters are reused)."""
     first = make_batch([9, 30, 4], [5, 5, 5], group=3, seed=21)
     out = torch.empty_like(first.q)
     meta = (first.query_start_loc.clone(), first.seq_lens.clone(), first.block_tables.clone())
-    ta.paged_attention(first.q, first.k_cache, first.v_cache, *meta, max_query_len=5, max_seq_len=64, out=out)
+    cfg = ta.AttentionConfig(block_m=16, block_n=16, queries_per_tile=5, num_warps=4, num_stages=2)
+    kw = {"max_query_len": 5, "max_seq_len": 64, "out": out, "num_splits": num_splits, "config": cfg}
+    ta.paged_attention(first.q, first.k_cache, first.v_cache, *meta, **kw)
     assert_close(out, dense_oracle(first), torch.float32)
     # Next step: request 0 accepted 2 tokens, request 1 is now a 1-token decode, request 2 became padding.
     second = make_batch([11, 31, 0], [5, 1, 1], group=3, seed=22)
@@ -304,10 +327,67 @@ def test_paged_attention_replay_with_new_metadata_in_place() -> None:
     bt[:, : second.block_tables.shape[1]].copy_(second.block_tables)
     q = torch.zeros_like(first.q)
     q[: second.q.shape[0]] = second.q
-    ta.paged_attention(
-        q, second.k_cache, second.v_cache, qsl, sl, bt, max_query_len=5, max_seq_len=64, out=out
-    )
+    out.fill_(float("nan"))
+    ta.paged_attention(q, second.k_cache, second.v_cache, qsl, sl, bt, **kw)
     assert_close(out[: second.q.shape[0]], dense_oracle(second), torch.float32)
+
+
+def test_fused_split_merge_repeatable_and_resets_counters(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Several query tiles per request and uneven used-split counts: the fused merge equals the two-kernel
+    merge to fp32 rounding, a second identical call (counters reused) gives bit-identical output, and every
+    arrival counter is back at 0 after each call (else the next launch or graph replay would never merge)."""
+    batch = make_batch([70, 33, 0, 16, 49], [10, 5, 1, 0, 9], group=2, seed=31)
+    cfg = ta.AttentionConfig(block_m=16, block_n=16, queries_per_tile=4, num_warps=4, num_stages=2)
+    kw = {"num_splits": 4, "config": cfg, "max_query_len": 10}  # 3 query tiles; 1..4 KV tiles per split
+
+    def call(merge: str) -> torch.Tensor:
+        monkeypatch.setenv(ta.MERGE_ENV, merge)
+        return run_triton(batch, out=torch.full_like(batch.q, float("nan")), **kw)
+
+    fused = call("fused")
+    counters = ta._merge_counters(batch.q.device, 1)
+    n_groups = 5 * 2 * 3  # B * num_kv_heads * query tiles
+    assert counters.numel() >= max(ta._MIN_COUNTERS, n_groups)
+    assert torch.count_nonzero(counters) == 0
+    assert_close(fused, dense_oracle(batch), torch.float32)
+    assert torch.equal(call("fused"), fused)
+    assert torch.count_nonzero(counters) == 0
+    torch.testing.assert_close(fused, call("kernel"), atol=1e-6, rtol=1e-5)
+    with pytest.raises(ValueError, match=ta.MERGE_ENV):
+        call("bogus")
+
+
+def test_fused_split_merge_one_counter_per_group(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The interpreter runs programs one after another, so counters shared by two groups would go unnoticed:
+    poison one group's counter and check that exactly that group's rows (request, query tile, heads of its KV
+    head) are left unmerged, and only its counter stays off 0."""
+    monkeypatch.setenv(ta.MERGE_ENV, "fused")
+    batch = make_batch([70, 33, 0, 16, 49], [10, 5, 1, 0, 9], group=2, seed=32)
+    cfg = ta.AttentionConfig(block_m=16, block_n=16, queries_per_tile=4, num_warps=4, num_stages=2)
+    counters = ta._merge_counters(batch.q.device, 1)
+    b, kvh, q_tile, hk, q_tiles = (
+        4,
+        1,
+        1,
+        2,
+        3,
+    )  # request 4, queries 4..7: up to 48 keys, 3 KV tiles: 3 used splits
+    g = (b * hk + kvh) * q_tiles + q_tile
+    try:
+        counters[g] = 1000  # never reaches used - 1: that group's last split does not merge
+        out = run_triton(
+            batch, out=torch.full_like(batch.q, float("nan")), num_splits=4, config=cfg, max_query_len=10
+        )
+        left = torch.nonzero(counters).flatten().tolist()
+        assert left == [g] and int(counters[g]) == 1000 + 3
+    finally:
+        counters.zero_()
+    tok0 = int(batch.query_start_loc[b]) + 4 * q_tile
+    unmerged = torch.zeros(out.shape[:2], dtype=torch.bool)
+    unmerged[tok0 : tok0 + 4, kvh * 2 : kvh * 2 + 2] = True
+    assert torch.isnan(out).all(-1).eq(unmerged).all()
+    expected = dense_oracle(batch)
+    torch.testing.assert_close(out[~unmerged].double(), expected[~unmerged], **tol(torch.float32))
 
 
 def test_paged_attention_rejects_bad_shapes() -> None:
@@ -378,18 +458,25 @@ def build(fn, ptrs, const, num_warps, num_stages=3, plain=("stride_bt", "num_kv_
         f.write(k.asm["cubin"]); f.flush()
         usage = subprocess.run([BIN, "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
     m = re.search(r"REG:(\d+) STACK:(\d+)", usage)
-    print(fn.__name__, const.get("BLOCK_M"), const.get("NUM_SPLITS"), m.group(0))
+    print(fn.__name__, const.get("BLOCK_M"), const.get("NUM_SPLITS"), const.get("FUSED_MERGE"), m.group(0))
     assert int(m.group(2)) == 0, f"register spills: {usage}"
+    return k
 
 
 attn_ptrs = dict(q_ptr="bf16", k_cache_ptr="bf16", v_cache_ptr="bf16", out_ptr="bf16", part_out_ptr="fp32",
-                 part_lse_ptr="fp32", qsl_ptr="i32", seq_lens_ptr="i32", bt_ptr="i32")
-for h, hk, d, qlen, splits in [(32, 8, 128, 1, 16), (32, 8, 128, 5, 1), (9, 3, 64, 16, 4), (32, 8, 128, 2048, 1)]:
+                 part_lse_ptr="fp32", counter_ptr="i32", qsl_ptr="i32", seq_lens_ptr="i32", bt_ptr="i32")
+# (num_heads, num_kv_heads, head_dim, max_query_len, num_splits, fused split merge)
+for h, hk, d, qlen, splits, fused in [(32, 8, 128, 1, 16, True), (32, 8, 128, 1, 16, False),
+                                      (32, 8, 128, 5, 1, False), (9, 3, 64, 16, 4, True), (9, 3, 64, 16, 4, False),
+                                      (8, 1, 256, 3, 8, True), (32, 8, 128, 2048, 1, False)]:
     cfg = ta.select_attention_config(h, hk, d, qlen)
     const = dict(HEAD_DIM=d, BLOCK_D=d, GROUP=h // hk, QT=cfg.queries_per_tile, BLOCK_M=cfg.block_m,
-                 BLOCK_N=cfg.block_n, BLOCK_SIZE=16, CAUSAL=True, WINDOW=0, NUM_SPLITS=splits, PRECISION="tf32",
-                 UPCAST=False)
-    build(ta._paged_attn_kernel, attn_ptrs, const, cfg.num_warps, cfg.num_stages)
+                 BLOCK_N=cfg.block_n, BLOCK_SIZE=16, CAUSAL=True, WINDOW=0, NUM_SPLITS=splits, FUSED_MERGE=fused,
+                 PRECISION="tf32", UPCAST=False)
+    ptx = build(ta._paged_attn_kernel, attn_ptrs, const, cfg.num_warps, cfg.num_stages).asm["ptx"]
+    # fused split merge: one gpu-scope acq_rel arrival (after a CTA barrier), partials re-read through L2
+    merge_ops = ("atom.global.gpu.acq_rel.add", "ld.global.cg")
+    assert all((op in ptx) == (fused and splits > 1) for op in merge_ops), (h, d, splits, fused)
 build(ta._merge_splits_kernel, dict(part_out_ptr="fp32", part_lse_ptr="fp32", out_ptr="bf16"),
       dict(HEAD_DIM=128, BLOCK_D=128, NUM_SPLITS=16, SPLITS_PAD=16), 4)
 build(ta._store_kv_kernel, dict(k_ptr="bf16", v_ptr="bf16", k_cache_ptr="bf16", v_cache_ptr="bf16", slot_ptr="i64"),

@@ -17,9 +17,19 @@ Design (DESIGN.md §4: batch 1-8 decode and spec verify are bound by bytes read 
   K/V rows through the block table in tiles of ``BLOCK_N`` keys (independent of the page size).
 * Online softmax in fp32 (exp2 with the scale folded in). Queries with no visible key output zeros.
 * Split-KV (flash decoding) for small grids: the visible range of each query tile is cut into ``num_splits``
-  equal runs of KV tiles at run time; each split writes a normalised partial output and its log-sum-exp, and a
-  second kernel merges them. ``num_splits`` is picked on the host from static arguments only (B, heads,
-  max_query_len, ``max_seq_len`` hint, SM count), so it is CUDA-graph safe.
+  equal runs of KV tiles at run time; each split writes a normalised partial output and its log-sum-exp (fp32
+  scratch). ``num_splits`` is picked on the host from static arguments only (B, heads, max_query_len,
+  ``max_seq_len`` hint, SM count), so it is CUDA-graph safe; at run time only the first ``used`` splits of a
+  query tile have KV tiles (in a graph ``max_seq_len`` is the model's maximum, so most splits of a short context
+  are empty).
+* Merge of the splits (``SPECSERVE_ATTN_MERGE``, read per call): ``fused`` (default) needs no second launch.
+  Empty splits exit at once; each used split stores its partials, then bumps an int32 arrival counter of its
+  (request, KV head, query tile) group (``atomic_add``, acq_rel, after a CTA barrier so every thread's stores
+  precede the release). The split that arrives last resets the counter to 0 (for the next launch / graph
+  replay) and merges the ``used`` partials (read through L2, ``.cg``) into ``out``. The counters live in a
+  persistent zeroed buffer per device (:func:`_merge_counters`); launches that share it must be stream-ordered
+  (one stream, as the engine runs). ``kernel``: the earlier two-launch path (every split writes partials, a
+  second kernel merges all ``num_splits``), kept for comparison.
 
 Both kernels also run under ``TRITON_INTERPRET=1`` on CPU tensors (that is how the tests exercise them).
 """
@@ -28,6 +38,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 
 import torch
 import triton
@@ -154,6 +165,7 @@ def _paged_attn_kernel(
     out_ptr,
     part_out_ptr,
     part_lse_ptr,
+    counter_ptr,
     qsl_ptr,
     seq_lens_ptr,
     bt_ptr,
@@ -184,6 +196,7 @@ def _paged_attn_kernel(
     CAUSAL: tl.constexpr,
     WINDOW: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
+    FUSED_MERGE: tl.constexpr,
     PRECISION: tl.constexpr,
     UPCAST: tl.constexpr,
 ):
@@ -214,7 +227,13 @@ def _paged_attn_kernel(
         kv_lo = 0
     n_tiles = tl.maximum(tl.cdiv(kv_hi - kv_lo, BLOCK_N), 0)
     if NUM_SPLITS > 1:
-        per_split = tl.cdiv(n_tiles, NUM_SPLITS)
+        # The first `used` splits get runs of `per_split` KV tiles (the last maybe fewer), the rest none. Every
+        # program of this (b, kvh, q_tile) group computes the same `used` (it depends only on metadata).
+        per_split = tl.maximum(tl.cdiv(n_tiles, NUM_SPLITS), 1)
+        used = tl.maximum(tl.cdiv(n_tiles, per_split), 1)
+        if FUSED_MERGE:
+            if split >= used:  # no KV tile: nothing to write, not counted by the merge
+                return
         t_begin = split * per_split
         t_end = tl.minimum(t_begin + per_split, n_tiles)
     else:
@@ -290,6 +309,41 @@ def _paged_attn_kernel(
         tl.store(p_ptrs + offs_d[None, :], o, mask=o_mask)
         lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
         tl.store(part_lse_ptr + split.to(tl.int64) * stride_ls + tok * stride_lt + head, lse, mask=row_valid)
+        if FUSED_MERGE:
+            # Arrival counter of this (b, kvh, q_tile) group. The CTA barrier orders every thread's partial
+            # stores before the (single-thread, gpu-scope) release of the atomic; the last arrival's acquire
+            # (its result reaches the other threads through shared memory and a barrier) then makes all `used`
+            # splits' partials visible to the whole CTA.
+            tl.debug_barrier()
+            grp = (b * tl.num_programs(1) + kvh) * (tl.num_programs(2) // NUM_SPLITS) + q_tile
+            cnt = tl.atomic_add(counter_ptr + grp, 1, sem="acq_rel")
+            if cnt == used - 1:
+                # Last split of the group: every other used split has arrived and nothing else touches the
+                # counter in this launch; reset it for the next launch / graph replay, then merge.
+                tl.atomic_xchg(counter_ptr + grp, 0, sem="relaxed")
+                # Online log-sum-exp combine (log2 domain) with a finite start, so rows whose splits are all
+                # empty (lse -inf) get weight 0 everywhere and output zeros, never NaN.
+                m_c = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)
+                l_c = tl.zeros([BLOCK_M], dtype=tl.float32)
+                acc_c = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+                po_ptrs = (
+                    part_out_ptr + tok[:, None] * stride_pt + head[:, None] * stride_ph + offs_d[None, :]
+                )
+                pl_ptrs = part_lse_ptr + tok * stride_lt + head
+                for _ in range(used):  # pointers step by a split (64-bit pointer arithmetic)
+                    lse_s = tl.load(pl_ptrs, mask=row_valid, other=float("-inf"), cache_modifier=".cg")
+                    o_s = tl.load(po_ptrs, mask=o_mask, other=0.0, cache_modifier=".cg")
+                    pl_ptrs += stride_ls
+                    po_ptrs += stride_ps
+                    m_n = tl.maximum(m_c, lse_s)
+                    alpha_c = tl.exp2(m_c - m_n)
+                    w = tl.exp2(lse_s - m_n)
+                    l_c = l_c * alpha_c + w
+                    acc_c = acc_c * alpha_c[:, None] + o_s * w[:, None]
+                    m_c = m_n
+                o_c = acc_c / tl.where(l_c > 0.0, l_c, 1.0)[:, None]
+                o_ptrs = out_ptr + tok[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :]
+                tl.store(o_ptrs, o_c.to(out_ptr.dtype.element_ty), mask=o_mask)
 
 
 @triton.jit
@@ -393,6 +447,47 @@ def _pick_num_splits(
     return 1 << (target.bit_length() - 1)  # round down to a power of two (fewer compiled variants)
 
 
+MERGE_ENV = "SPECSERVE_ATTN_MERGE"
+_MERGE_MODES = ("fused", "kernel")
+_MIN_COUNTERS = 1 << 16
+_counters: dict[tuple[str, int], torch.Tensor] = {}  # current arrival-counter buffer per device
+_counters_alive: list[torch.Tensor] = []  # every buffer ever handed out (captured graphs hold raw pointers)
+
+
+def _merge_mode() -> str:
+    mode = os.environ.get(MERGE_ENV, "fused") or "fused"
+    if mode not in _MERGE_MODES:
+        raise ValueError(f"{MERGE_ENV} must be one of {_MERGE_MODES}, got {mode!r}")
+    return mode
+
+
+def _merge_counters(device: torch.device, n: int) -> torch.Tensor:
+    """Zeroed int32 arrival counters (>= ``n``) for the fused split merge on ``device``.
+
+    Each launch leaves the counters it used at 0 again, so one persistent buffer per device serves every layer,
+    call and CUDA-graph replay; launches sharing it must be ordered (one stream). Allocated once, outside graph
+    capture in practice (the first eager / warm-up call); a larger one replaces it when ``n`` grows, and no
+    buffer is ever freed because captured graphs keep its address. Growth during stream capture (only with
+    an explicit huge ``num_splits`` grid: the heuristic splits only grids smaller than the SM count) gets a
+    buffer for this call alone whose zero-fill is captured into the graph, so it is re-zeroed before every
+    replay; it is kept alive but not cached, since eager calls cannot rely on a captured memset having run.
+    """
+    index = device.index
+    if device.type == "cuda" and index is None:
+        index = torch.cuda.current_device()
+    key = (device.type, -1 if index is None else index)
+    buf = _counters.get(key)
+    if buf is not None and buf.numel() >= n:
+        return buf
+    size = max(_MIN_COUNTERS, triton.next_power_of_2(n))
+    capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+    buf = torch.zeros(size, dtype=torch.int32, device=device)
+    _counters_alive.append(buf)
+    if not capturing:
+        _counters[key] = buf
+    return buf
+
+
 def paged_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -417,7 +512,9 @@ def paged_attention(
     the host. ``num_splits`` overrides the split-KV heuristic (1 disables it) and ``config`` the tile sizes
     (both for tuning; each distinct value compiles a kernel variant). Queries with no visible key (e.g. of a
     padded request with seq_len 0) get zeros; rows of ``out`` not covered by ``query_start_loc`` (or beyond a
-    request's first ``max_query_len`` queries) are unspecified.
+    request's first ``max_query_len`` queries) are unspecified. With ``num_splits > 1`` the environment variable
+    ``SPECSERVE_ATTN_MERGE`` (read per call, so per graph capture) picks the merge: ``fused`` (default, in the
+    attention kernel through per-group arrival counters) or ``kernel`` (a second launch).
     """
     if q.dim() != 3 or k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
         raise ValueError("expected q [T, H, D] and k_cache == v_cache shape [num_blocks, block_size, Hk, D]")
@@ -463,6 +560,8 @@ def paged_attention(
     scale = d**-0.5 if scale is None else float(scale)
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
 
+    fused = num_splits > 1 and _merge_mode() == "fused"
+    counters = _merge_counters(q.device, b * hk * q_tiles) if fused else seq_lens  # seq_lens: unused
     if num_splits > 1:
         part_out = torch.empty((num_splits, t, h, d), dtype=torch.float32, device=q.device)
         part_lse = torch.empty((num_splits, t, h), dtype=torch.float32, device=q.device)
@@ -485,6 +584,7 @@ def paged_attention(
         out,
         part_out,
         part_lse,
+        counters,
         query_start_loc,
         seq_lens,
         block_tables,
@@ -511,12 +611,13 @@ def paged_attention(
         CAUSAL=bool(causal),
         WINDOW=int(sliding_window or 0),
         NUM_SPLITS=num_splits,
+        FUSED_MERGE=fused,
         PRECISION=precision,
         UPCAST=q.device.type == "cpu" and q.dtype != torch.float32,  # CPU only runs under TRITON_INTERPRET=1
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
-    if num_splits > 1:
+    if num_splits > 1 and not fused:
         splits_pad = max(2, triton.next_power_of_2(num_splits))
         _merge_splits_kernel[(t, h)](
             part_out,
