@@ -10,8 +10,8 @@ For each shape (bf16, block_size 16, shuffled block tables) it checks Triton aga
 ``triton.testing.do_bench`` (L2 flushed between calls): eager call, CUDA-graph replay of one call, the same with
 split-KV disabled, and dense non-paged SDPA over contiguous K/V as a side-by-side baseline. GB/s counts the K/V
 bytes each call must read; "%copy" compares it with the measured device-to-device copy bandwidth.
-Both split merges (``SPECSERVE_ATTN_MERGE``) are checked and timed: ``fused`` (the default; eager_us, graph_us)
-merges in the attention kernel, ``kernel`` (kmerge_us) with a second launch; graphs are checked again after
+Both split merges (``SPECSERVE_ATTN_MERGE``) are checked and timed: ``fused`` (opt-in; eager_us, graph_us)
+merges in the attention kernel, ``kernel`` (the default; kmerge_us) with a second launch; graphs are checked again after
 the timing replays (the fused merge's arrival counters must be back at 0 after every replay).
 Results go to benchmarks/results/attention_kernels_<gpu>_<time>.json with the command, git revision and GPU.
 """
@@ -85,7 +85,7 @@ def capture(fn: Callable[[], Any]) -> torch.cuda.CUDAGraph:
     return g
 
 
-MERGES = ("fused", "kernel")  # SPECSERVE_ATTN_MERGE values; the first is the default
+MERGES = ("fused", "kernel")  # SPECSERVE_ATTN_MERGE values (the default is "kernel")
 
 
 @contextlib.contextmanager

@@ -355,6 +355,8 @@ def test_fused_split_merge_repeatable_and_resets_counters(monkeypatch: pytest.Mo
     torch.testing.assert_close(fused, call("kernel"), atol=1e-6, rtol=1e-5)
     with pytest.raises(ValueError, match=ta.MERGE_ENV):
         call("bogus")
+    monkeypatch.delenv(ta.MERGE_ENV)
+    assert ta._merge_mode() == "kernel"  # the default: the fused merge measured slower on the H200
 
 
 def test_fused_split_merge_one_counter_per_group(monkeypatch: pytest.MonkeyPatch) -> None:

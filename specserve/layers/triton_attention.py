@@ -22,14 +22,17 @@ Design (DESIGN.md §4: batch 1-8 decode and spec verify are bound by bytes read 
   ``max_seq_len`` hint, SM count), so it is CUDA-graph safe; at run time only the first ``used`` splits of a
   query tile have KV tiles (in a graph ``max_seq_len`` is the model's maximum, so most splits of a short context
   are empty).
-* Merge of the splits (``SPECSERVE_ATTN_MERGE``, read per call): ``fused`` (default) needs no second launch.
-  Empty splits exit at once; each used split stores its partials, then bumps an int32 arrival counter of its
-  (request, KV head, query tile) group (``atomic_add``, acq_rel, after a CTA barrier so every thread's stores
-  precede the release). The split that arrives last resets the counter to 0 (for the next launch / graph
-  replay) and merges the ``used`` partials (read through L2, ``.cg``) into ``out``. The counters live in a
-  persistent zeroed buffer per device (:func:`_merge_counters`); launches that share it must be stream-ordered
-  (one stream, as the engine runs). ``kernel``: the earlier two-launch path (every split writes partials, a
-  second kernel merges all ``num_splits``), kept for comparison.
+* Merge of the splits (``SPECSERVE_ATTN_MERGE``, read per call): ``kernel`` (default) launches a second kernel
+  that merges all ``num_splits`` partials (empty splits wrote lse -inf). ``fused`` needs no second launch: empty
+  splits exit at once; each used split stores its partials, then bumps an int32 arrival counter of its (request,
+  KV head, query tile) group (``atomic_add``, acq_rel, after a CTA barrier so every thread's stores precede the
+  release); the split that arrives last resets the counter to 0 (for the next launch / graph replay) and merges
+  the ``used`` partials (read through L2, ``.cg``) into ``out``. The counters live in a persistent zeroed
+  buffer per device (:func:`_merge_counters`); launches that share it must be stream-ordered (one stream, as
+  the engine runs). Measured on the H200 (session 7, benchmarks/README.md) the fused merge is correct (200 graph
+  replays with new metadata per shape) but slower: the last split's serial merge after the atomic costs more
+  than the launch it saves (Qwen3-8B batch-1 decode: 9.2 us per layer vs 5.6 + 2.6; a DFlash K=15 step 7.19
+  vs 6.60 ms), so it is opt-in.
 
 Both kernels also run under ``TRITON_INTERPRET=1`` on CPU tensors (that is how the tests exercise them).
 """
@@ -455,7 +458,7 @@ _counters_alive: list[torch.Tensor] = []  # every buffer ever handed out (captur
 
 
 def _merge_mode() -> str:
-    mode = os.environ.get(MERGE_ENV, "fused") or "fused"
+    mode = os.environ.get(MERGE_ENV, "kernel") or "kernel"
     if mode not in _MERGE_MODES:
         raise ValueError(f"{MERGE_ENV} must be one of {_MERGE_MODES}, got {mode!r}")
     return mode
@@ -513,8 +516,8 @@ def paged_attention(
     (both for tuning; each distinct value compiles a kernel variant). Queries with no visible key (e.g. of a
     padded request with seq_len 0) get zeros; rows of ``out`` not covered by ``query_start_loc`` (or beyond a
     request's first ``max_query_len`` queries) are unspecified. With ``num_splits > 1`` the environment variable
-    ``SPECSERVE_ATTN_MERGE`` (read per call, so per graph capture) picks the merge: ``fused`` (default, in the
-    attention kernel through per-group arrival counters) or ``kernel`` (a second launch).
+    ``SPECSERVE_ATTN_MERGE`` (read per call, so per graph capture) picks the merge: ``kernel`` (default, a second
+    launch) or ``fused`` (in the attention kernel through per-group arrival counters; slower on the H200).
     """
     if q.dim() != 3 or k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
         raise ValueError("expected q [T, H, D] and k_cache == v_cache shape [num_blocks, block_size, Hk, D]")
