@@ -65,8 +65,13 @@ def build(cfg: ModelConfig, layers: int, dtype: torch.dtype, fused: bool, blocks
     return model
 
 
-def decode_inputs(batch: int, context: int) -> tuple[torch.Tensor, torch.Tensor, AttnMetadata, int]:
-    """``batch`` requests decoding their token at position ``context`` (KV for 0..context in the cache)."""
+def decode_inputs(
+    batch: int, context: int, max_seq_len: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor, AttnMetadata, int]:
+    """``batch`` requests decoding their token at position ``context`` (KV for 0..context in the cache).
+
+    ``max_seq_len``: the host bound the attention picks its split count from (default the true length; the
+    engine's graphs pass the model's max length)."""
     per = context // 16 + 1
     dev = DEV
     pos = torch.full((batch,), context, dtype=torch.long, device=dev)
@@ -78,7 +83,7 @@ def decode_inputs(batch: int, context: int) -> tuple[torch.Tensor, torch.Tensor,
         block_tables=tables,
         slot_mapping=slots,
         max_query_len=1,
-        max_seq_len=context + 1,
+        max_seq_len=max_seq_len or context + 1,
     )
     return torch.zeros(batch, dtype=torch.long, device=dev), pos, meta, batch * per
 

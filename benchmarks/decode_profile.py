@@ -134,6 +134,13 @@ def main() -> int:
     ap.add_argument("--config-dir", default=None, help="HF config.json dir (default: SmolLM2-135M shape)")
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--context", type=int, default=512, help="tokens already in the KV cache")
+    ap.add_argument(
+        "--max-seq-len",
+        type=int,
+        default=None,
+        help="host bound on the context the attention picks its split count from (default: the true context; "
+        "the engine's graphs pass max_model_len, e.g. 4096)",
+    )
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     ap.add_argument(
         "--layers", type=int, default=None, help="override the layer count (default: the config's)"
@@ -156,7 +163,7 @@ def main() -> int:
         cfg = smollm2(False)
     layers = a.layers or (cfg.num_hidden_layers if CUDA else 2)
     dtype = getattr(torch, a.dtype)
-    ids, pos, meta, blocks = decode_inputs(a.batch, a.context)
+    ids, pos, meta, blocks = decode_inputs(a.batch, a.context, a.max_seq_len)
     model = build(cfg, layers, dtype, True, blocks)
     from specserve.layers.linear import transpose_decoder_linears, weight_layout
 
@@ -178,7 +185,8 @@ def main() -> int:
     other_us = kernel_us - gemm_us
     name = torch.cuda.get_device_name() if CUDA else "cpu"
     print(
-        f"{cfg.architecture} x {layers} layers, batch {a.batch}, context {a.context}, {a.dtype}, {name}, "
+        f"{cfg.architecture} x {layers} layers, batch {a.batch}, context {a.context} (split count from "
+        f"{meta.max_seq_len}), {a.dtype}, {name}, "
         f"weight layout {layout}"
     )
     print(f"GEMM weight bytes / all weight bytes read: {gemm_bytes / wb:.4f} (should be ~1: norms are tiny)")
@@ -256,6 +264,7 @@ def main() -> int:
         layers=layers,
         batch=a.batch,
         context=a.context,
+        max_seq_len=meta.max_seq_len,
         dtype=a.dtype,
         weight_layout=layout,
         weight_bytes=wb,

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
+import sys
 import time
 from pathlib import Path
 
@@ -90,7 +92,7 @@ def main() -> int:
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(
-            json.dumps({"command": "python benchmarks/lossless_gpu.py", "rows": rows}, indent=2)
+            json.dumps({"command": "python " + shlex.join(sys.argv), "rows": rows}, indent=2)
         )
     return 0
 
