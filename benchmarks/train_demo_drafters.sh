@@ -27,8 +27,11 @@
 # SELF_PROMPTS (how many questions / math problems the target writes itself, default 1000; past the ~1300
 # instructions of the topic grids they repeat with other sampling seeds), WEIGHT_DECAY (AdamW weight decay,
 # default 0), LR (peak learning rate, default 6e-4), DFLASH_LAYERS /
-# DFLASH_INTERMEDIATE (the DFlash drafter's shape for a run from scratch, default 3 / 704: ~14.6 MB in bf16; the
-# bundled drafters together may take 25 MB, EAGLE-3's head 9.7 of them),
+# DFLASH_INTERMEDIATE (the DFlash drafter's shape, default 3 / 704: ~14.6 MB in bf16; the bundled drafters
+# together may take 25 MB, EAGLE-3's head 9.7 of them; with INIT_FROM_ASSETS=1 a larger shape grows the shipped
+# drafter without changing its function: appended layers and widened MLPs start at zero output),
+# EXPORT_FORMAT (bfloat16, default, or int8: weight-only int8 with a scale per output row, half the size, for
+# specserve only; the demo drafter stored that way validated within 0.001 chain_tau of bf16),
 # BATCH_SIZE (sequences per step, default 32), EXTRA_DATA (more samples files to train on beside DATA_FILE's, e.g.
 # an earlier run's sampled set),
 # SAMPLED_REPEATS (R > 0 adds a second data set of sampled answers, appended to the greedy one: the gsm8k_train
@@ -70,7 +73,10 @@ $TRAIN dflash --target "$SMOLLM2_GGUF" --output "$WORK/data" --work-dir "$WORK/d
     --self-prompts "${SELF_PROMPTS:-1000}" --max-new-tokens 384 --max-prompt-length 1024 --gen-temperature 0 \
     --generator "$GENERATOR" --gen-procs "$GEN_PROCS" --gen-batch-size 512 --seed 0
 fi
-[ -z "${OUT:-}" ] || { mkdir -p "$OUT" && gzip -c "$WORK/data/data.jsonl" > "$OUT/data.jsonl.gz"; }
+if [ -n "${OUT:-}" ]; then
+    mkdir -p "$OUT" && gzip -c "$WORK/data/data.jsonl" > "$OUT/data.jsonl.gz"
+    [ ! -f "$WORK/data/data.jsonl.meta.json" ] || cp "$WORK/data/data.jsonl.meta.json" "$OUT/data.jsonl.gz.meta.json"
+fi
 DATA=("$WORK/data/data.jsonl")
 for f in ${EXTRA_DATA:-}; do DATA+=("$f"); done  # more samples files of earlier runs (e.g. a sampled set)
 if [ "${SAMPLED_REPEATS:-0}" -gt 0 ]; then
@@ -80,7 +86,10 @@ if [ "${SAMPLED_REPEATS:-0}" -gt 0 ]; then
         --gen-temperature "${SAMPLED_TEMPERATURE:-0.6}" --gen-seed "${SAMPLED_SEED:-0}" --max-new-tokens 384 --max-prompt-length 1024 \
         --generator "$GENERATOR" --gen-procs "$GEN_PROCS" --gen-batch-size 512 --seed 0
     DATA+=("$WORK/sampled/data.jsonl")
-    [ -z "${OUT:-}" ] || gzip -c "$WORK/sampled/data.jsonl" > "$OUT/data-sampled.jsonl.gz"
+    if [ -n "${OUT:-}" ]; then  # with how it was generated, so a later run's training.json records it
+        gzip -c "$WORK/sampled/data.jsonl" > "$OUT/data-sampled.jsonl.gz"
+        cp "$WORK/sampled/data.jsonl.meta.json" "$OUT/data-sampled.jsonl.gz.meta.json"
+    fi
 fi
 T1=$(date +%s); echo "[demo] data generated in $((T1 - T0)) s" >&2
 
@@ -91,7 +100,7 @@ EAGLE_TIME=$((TRAIN_TIME * ${EAGLE_TIME_PCT:-100} / 100))
 echo "[demo] training budget $TRAIN_TIME s (EAGLE-3: $EAGLE_TIME s)" >&2
 COMMON=(--target "$SMOLLM2_GGUF" --data "${DATA[@]}" --batch-size "${BATCH_SIZE:-32}" --max-length 1536
         --epochs 100 --lr "${LR:-6e-4}" --warmup-ratio 0.04 --save-every 0 --log-every 20 --seed 0 --no-progress
-        --weight-decay "${WEIGHT_DECAY:-0}")
+        --weight-decay "${WEIGHT_DECAY:-0}" --export-format "${EXPORT_FORMAT:-bfloat16}")
 [ -z "${VAL_DATA:-}" ] || COMMON+=(--val-data "$VAL_DATA" --eval-every "${EVAL_EVERY:-200}")
 INIT_D=(); INIT_E=()
 if [ "${INIT_FROM_ASSETS:-0}" = 1 ]; then

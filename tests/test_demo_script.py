@@ -104,17 +104,27 @@ def test_demo_recipe_runs_end_to_end(tmp_path):
     sampled = [json.loads(ln) for ln in gzip.open(out / "data-sampled.jsonl.gz", "rt")]
     assert all(r["loss_mask"].count(0) > 0 for r in sampled)
 
-    # a DFlash-only round from the exported drafter, on the first run's two files; EAGLE-3's drafter is not needed
+    # a DFlash-only round from the exported drafter, on the two files the first run left in $OUT (each with its
+    # .meta.json, so this round's training.json still says how they were generated); no EAGLE-3 drafter needed;
+    # the drafter grows a layer and is stored int8
     os.rename(assets / "smollm2-135m-eagle3", tmp_path / "eagle3-elsewhere")
     out2 = tmp_path / "out2"
     res = _run(
         dict(common, WORK_DIR=str(tmp_path / "w2"), OUT=str(out2), INIT_FROM_ASSETS="1", EAGLE_TIME_PCT="0",
-             DATA_FILE=str(out / "data.jsonl.gz"), EXTRA_DATA=str(tmp_path / "w1" / "sampled" / "data.jsonl")),
+             DATA_FILE=str(out / "data.jsonl.gz"), EXTRA_DATA=str(out / "data-sampled.jsonl.gz"),
+             DFLASH_LAYERS="2", EXPORT_FORMAT="int8"),
         tmp_path,
     )  # fmt: skip
     assert "EAGLE-3: 0 s" in res.stderr
     info = json.loads((assets / "smollm2-135m-dflash" / "training.json").read_text())
     assert info["data"]["samples"] == n_greedy + n_sampled
+    files = info["data"]["generation"]["files"]
+    assert [f["generation"]["temperature"] for f in files] == [0.0, 0.9]
+    assert files[1]["generation"]["prompt_repeats"] == 2
+    cfg = json.loads((assets / "smollm2-135m-dflash" / "config.json").read_text())
+    assert (
+        cfg["num_hidden_layers"] == 2 and cfg["quantization_config"]["quant_method"] == "specserve_int8_rows"
+    )
     assert len(info["earlier_runs"]) == 1 and info["total_steps_all_runs"] == 4
     assert (out2 / "assets" / "smollm2-135m-dflash" / "model.safetensors").is_file()
     assert not (out2 / "assets" / "smollm2-135m-eagle3").exists()

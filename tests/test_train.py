@@ -23,7 +23,14 @@ from specserve.train.data import (
 )
 from specserve.train.export import export_drafter, load_drafter
 from specserve.train.losses import Eagle3Objective, build_dflash_blocks, chain_acceptance, sample_anchors
-from specserve.train.models import DFlashConfig, DFlashDrafter, Eagle3Config, Eagle3Drafter, apply_rope
+from specserve.train.models import (
+    DFlashConfig,
+    DFlashDrafter,
+    Eagle3Config,
+    Eagle3Drafter,
+    apply_rope,
+    grow_dflash,
+)
 from specserve.train.target import TrainError
 
 VOCAB, HIDDEN = 256, 64
@@ -364,6 +371,55 @@ def test_dflash_block_attention_mask():
         short[:, a] = torch.randn(2 * HIDDEN) * 5  # position a itself is not visible either
         alone = _block_logits(d, embed, head, short, ids[:, : a + 1], torch.tensor([[a]]))
         torch.testing.assert_close(alone[:, 0], base[:, 1], rtol=1e-4, atol=1e-4)
+
+
+def test_grow_dflash_keeps_the_function_then_trains_the_new_capacity():
+    """Widened MLPs (zero new down-projection columns) and appended layers (zero o_proj / down_proj) compute
+    what the smaller drafter did; the new weights get gradients; shrinking is refused."""
+    import copy
+
+    d = _dflash(layers=2)
+    torch.manual_seed(3)
+    embed, head = torch.randn(VOCAB, HIDDEN), torch.randn(VOCAB, HIDDEN)
+    ids = torch.randint(3, VOCAB, (2, 24))
+    taps = torch.randn(2, 24, 2 * HIDDEN)
+    anchors = torch.tensor([[3, 9, 15], [5, 11, 17]])
+    before = _block_logits(d, embed, head, taps, ids, anchors)
+    g = copy.deepcopy(d)
+    assert grow_dflash(g, 4, 160) and not grow_dflash(g, None, None)
+    assert len(g.layers) == 4 and g.config.num_hidden_layers == 4 and g.config.intermediate_size == 160
+    assert all(layer.mlp.down_proj.weight.shape == (HIDDEN, 160) for layer in g.layers)
+    torch.testing.assert_close(
+        _block_logits(g, embed, head, taps, ids, anchors), before, atol=1e-4, rtol=1e-5
+    )
+    g.train()
+    _block_logits(g, embed, head, taps, ids, anchors).logsumexp(-1).mean().backward()
+    new_layer, wide = g.layers[3], g.layers[0].mlp
+    assert new_layer.self_attn.o_proj.weight.grad.abs().sum() > 0
+    assert wide.down_proj.weight.grad[:, 96:].abs().sum() > 0
+    with pytest.raises(ValueError, match="shrink"):
+        grow_dflash(copy.deepcopy(d), 1, None)
+
+
+def test_int8_rows_roundtrip_and_state():
+    from specserve.loading import int8
+
+    torch.manual_seed(0)
+    w = torch.randn(48, 80) * torch.logspace(-3, 1, 48)[:, None]  # rows of very different scales
+    w[5] = 0.0
+    q, scale = int8.quantize_rows(w)
+    assert q.dtype == torch.int8 and scale.shape == (48, 1) and q.abs().max() == 127
+    err = (int8.dequantize(q, scale, torch.float32) - w).abs()
+    assert bool((err <= scale * 0.5 + 1e-12).all()) and torch.count_nonzero(q[5]) == 0
+    state = {"a.weight": w, "norm.weight": torch.ones(80), "d2t": torch.arange(4)}
+    packed = int8.quantize_state(state)
+    assert sorted(packed) == ["a.weight", "a.weight_scale", "d2t", "norm.weight"]
+    back = int8.dequantize_state(packed, torch.float32)
+    assert sorted(back) == sorted(state) and torch.equal(back["d2t"], state["d2t"])
+    torch.testing.assert_close(back["a.weight"], w, atol=float(scale.max()) / 2, rtol=0)
+    assert int8.dequantize_state(state, torch.float32).keys() == state.keys()
+    with pytest.raises(ValueError):
+        int8.quantize_rows(torch.randn(3))
 
 
 def test_dflash_anchor_sampling_and_labels():

@@ -74,7 +74,52 @@ def trained(tiny_qwen3_dir, data_file, tmp_path_factory) -> dict[str, str]:
         == 0
     )
     assert train_main(["eagle3", *common, "--output", str(out / "eagle3"), "--ttt-steps", "3"]) == 0
-    return {"dflash": str(out / "dflash"), "eagle3": str(out / "eagle3")}
+    # compact exports: the DFlash drafter grown to 3 layers and a wider MLP, stored int8; the EAGLE-3 head int8
+    short = [*common[: common.index("--max-steps")], "--max-steps", "2", *common[common.index("--epochs") :]]
+    assert (
+        train_main(
+            [
+                "dflash",
+                *short,
+                "--init-from",
+                str(out / "dflash"),
+                "--num-layers",
+                "3",
+                "--intermediate-size",
+                "160",
+                "--num-anchors",
+                "16",
+                "--export-format",
+                "int8",
+                "--output",
+                str(out / "dflash-int8"),
+            ]
+        )  # fmt: skip
+        == 0
+    )
+    assert (
+        train_main(
+            [
+                "eagle3",
+                *short,
+                "--init-from",
+                str(out / "eagle3"),
+                "--ttt-steps",
+                "3",
+                "--export-format",
+                "int8",
+                "--output",
+                str(out / "eagle3-int8"),
+            ]
+        )  # fmt: skip
+        == 0
+    )
+    return {
+        "dflash": str(out / "dflash"),
+        "eagle3": str(out / "eagle3"),
+        "dflash-int8": str(out / "dflash-int8"),
+        "eagle3-int8": str(out / "eagle3-int8"),
+    }
 
 
 PROMPTS = ["The capital of France is", "1 2 3 4 5 6 7 8 9 10 1 2 3 4 5", "Once upon a time"]
@@ -86,24 +131,27 @@ def test_trained_drafters_load_and_stay_lossless(tiny_qwen3_dir, trained):
         o.outputs[0].token_ids
         for o in LLM(tiny_qwen3_dir, dtype="float32", device="cpu").generate(PROMPTS, sp)
     ]
-    for method, k in (("dflash", 7), ("eagle3", 3)):
+    for name, k in (("dflash", 7), ("eagle3", 3), ("dflash-int8", 7), ("eagle3-int8", 3)):
+        method = name.split("-")[0]
         llm = LLM(
             tiny_qwen3_dir,
             dtype="float32",
             device="cpu",
-            speculative_config={"method": method, "model": trained[method], "num_speculative_tokens": k},
+            speculative_config={"method": method, "model": trained[name], "num_speculative_tokens": k},
         )
         assert [o.outputs[0].token_ids for o in llm.generate(PROMPTS, sp)] == base
         assert llm.get_metrics()["spec_decode_num_drafts"] > 0
 
 
-def test_engine_dflash_drafts_equal_training_module(tiny_qwen3_dir, trained, smol_tokenizer):
+@pytest.mark.parametrize("name", ["dflash", "dflash-int8"])
+def test_engine_dflash_drafts_equal_training_module(tiny_qwen3_dir, trained, smol_tokenizer, name):
+    """Also for the grown drafter stored in int8: the engine dequantizes exactly as the trainer's loader."""
     k = 7
     llm = LLM(
         tiny_qwen3_dir,
         dtype="float32",
         device="cpu",
-        speculative_config={"method": "dflash", "model": trained["dflash"], "num_speculative_tokens": k},
+        speculative_config={"method": "dflash", "model": trained[name], "num_speculative_tokens": k},
     )
     eng = llm.engine
     prompt = smol_tokenizer(PROMPTS[0] + " and the answer is").input_ids
@@ -116,8 +164,8 @@ def test_engine_dflash_drafts_equal_training_module(tiny_qwen3_dir, trained, smo
     assert len(engine_drafts) == k
 
     # the same block through the training-time module, with taps from transformers' forward
-    drafter = load_drafter(trained["dflash"]).eval()
-    cfg = json.loads(open(f"{trained['dflash']}/config.json").read())
+    drafter = load_drafter(trained[name]).eval()
+    cfg = json.loads(open(f"{trained[name]}/config.json").read())
     ids = cfg["dflash_config"]["target_layer_ids"]
     mask = cfg["dflash_config"]["mask_token_id"]
     hf = transformers.AutoModelForCausalLM.from_pretrained(tiny_qwen3_dir, dtype=torch.float32).eval()
@@ -172,3 +220,30 @@ def test_validation_chain_tau_equals_engine_acceptance(often_qwen3_dir, trained,
     v = Trainer(drafter, target, val[:1], args, val_samples=val).evaluate()
     assert v["samples"] == len(val) and len(v["acc"]) == k
     assert 1.0 < engine_tau and v["chain_tau"] == pytest.approx(engine_tau, abs=1e-4), (v, m)
+
+
+def test_int8_export_is_compact_and_grown_drafter_recorded(trained):
+    """The int8 files: int8 weights + float32 row scales, norms kept, about half the bf16 size per weight,
+    the config marks the format and the grown shape; the trainer's loader reads them back."""
+    from safetensors.torch import load_file
+
+    from specserve.loading import int8
+
+    cfg = json.loads(open(f"{trained['dflash-int8']}/config.json").read())
+    assert cfg["num_hidden_layers"] == 3 and cfg["intermediate_size"] == 160
+    assert cfg["quantization_config"]["quant_method"] == int8.QUANT_METHOD
+    assert "quantization_config" not in json.loads(open(f"{trained['dflash']}/config.json").read())
+    state = load_file(f"{trained['dflash-int8']}/model.safetensors")
+    weights = [n for n, t in state.items() if t.dtype == torch.int8]
+    assert weights and all(state[n + "_scale"].shape == (state[n].shape[0], 1) for n in weights)
+    assert all(t.dim() == 1 for n, t in state.items() if t.is_floating_point() and not n.endswith("_scale"))
+    assert len(load_drafter(trained["dflash-int8"]).layers) == 3
+    info = json.loads(open(f"{trained['dflash-int8']}/training.json").read())
+    assert info["args"]["export_format"] == "int8" and info["earlier_runs"]
+    e8 = load_file(f"{trained['eagle3-int8']}/model.safetensors")
+    eb = load_file(f"{trained['eagle3']}/model.safetensors")
+    b8 = sum(
+        t.numel() * t.element_size() for t in e8.values() if t.is_floating_point() or t.dtype == torch.int8
+    )
+    b16 = sum(t.numel() * t.element_size() for t in eb.values() if t.is_floating_point())
+    assert 0 < b8 < 0.6 * b16  # weights (the int64 / bool vocab maps stay as they are)

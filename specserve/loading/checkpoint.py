@@ -45,9 +45,20 @@ class Checkpoint:
             if f.endswith(".safetensors"):
                 from safetensors import safe_open
 
+                from specserve.loading import int8
+
                 with safe_open(f, framework="pt") as sf:
+                    names = set(sf.keys())
                     for name in sf.keys():
-                        yield name, _cast(sf.get_tensor(name), dtype)
+                        t = sf.get_tensor(name)
+                        if t.dtype == torch.int8 and name + int8.SCALE_SUFFIX in names:  # compact drafters
+                            yield name, int8.dequantize(t, sf.get_tensor(name + int8.SCALE_SUFFIX), dtype)
+                        elif not (
+                            name.endswith(int8.SCALE_SUFFIX)
+                            and name[: -len(int8.SCALE_SUFFIX)] in names
+                            and sf.get_slice(name[: -len(int8.SCALE_SUFFIX)]).get_dtype() == "I8"
+                        ):
+                            yield name, _cast(t, dtype)
             else:
                 try:
                     sd = torch.load(f, map_location="cpu", weights_only=True, mmap=True)

@@ -39,7 +39,7 @@ from specserve.train.data import (
     stop_token_ids,
     token_counts,
 )
-from specserve.train.export import export_drafter
+from specserve.train.export import WEIGHT_FORMATS, export_drafter
 from specserve.train.models import (
     DFlashConfig,
     DFlashDrafter,
@@ -47,6 +47,7 @@ from specserve.train.models import (
     Eagle3Drafter,
     default_dflash_layer_ids,
     default_eagle3_layer_ids,
+    grow_dflash,
 )
 from specserve.train.target import (
     Target,
@@ -142,8 +143,20 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--gen-procs", type=int, default=1, help="generator processes sharing the device(s)")
     g.add_argument("--generate-only", action="store_true", help="stop after writing the data file")
     m = p.add_argument_group("drafter")
-    m.add_argument("--num-layers", type=int, default=None, help="DFlash layers (default 5); EAGLE-3 is 1")
-    m.add_argument("--intermediate-size", type=int, default=None, help="default: the target's")
+    m.add_argument(
+        "--num-layers",
+        type=int,
+        default=None,
+        help="DFlash layers (default 5); EAGLE-3 is 1. With --init-from a DFlash drafter of fewer layers, the new "
+        "layers are appended with zero output projections (the grown drafter starts as the old one)",
+    )
+    m.add_argument(
+        "--intermediate-size",
+        type=int,
+        default=None,
+        help="default: the target's. With --init-from a narrower DFlash drafter, its MLPs are widened (new "
+        "units with zero down-projection: the same function at step 0)",
+    )
     m.add_argument("--block-size", type=int, default=16)
     m.add_argument("--target-layer-ids", type=int, nargs="+", default=None)
     m.add_argument("--mask-token-id", type=int, default=None)
@@ -175,6 +188,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="start from an exported drafter (fine-tune / continue training; fresh optimizer and schedule)",
     )
     o.add_argument("--resume", action="store_true", help="continue from <work-dir>/checkpoint.pt")
+    o.add_argument(
+        "--export-format",
+        choices=WEIGHT_FORMATS,
+        default="bfloat16",
+        help="weights of the exported drafter: bfloat16 (vLLM / SGLang / specserve) or int8 (weight-only, a "
+        "scale per output row: half the size, specserve only)",
+    )
     o.add_argument(
         "--eval-only",
         action="store_true",
@@ -556,6 +576,16 @@ def _init_drafter(a: argparse.Namespace, target: Target) -> DFlashDrafter | Eagl
     if any(not 0 <= i < target.num_layers for i in ids):
         raise TrainError(f"--init-from {a.init_from} taps layers {ids}; the target has {target.num_layers}")
     target.tap_indices = [i + 1 for i in ids] if a.method == "dflash" else ids
+    if isinstance(drafter, DFlashDrafter):
+        try:
+            grow_dflash(drafter, a.num_layers, a.intermediate_size)
+        except ValueError as e:
+            raise TrainError(f"--init-from {a.init_from}: {e}") from e
+    elif a.intermediate_size not in (None, cfg.intermediate_size):
+        raise TrainError(
+            f"--init-from {a.init_from} has intermediate size {cfg.intermediate_size}; EAGLE-3 heads are not "
+            f"resized (got --intermediate-size {a.intermediate_size})"
+        )
     rope = target.rope_inv_freq()
     if rope is not None:
         drafter.rotary.set_inv_freq(*rope)
@@ -685,7 +715,7 @@ def run(a: argparse.Namespace) -> TrainResult:
         )
         if a.init_from:
             info.update(_lineage(a.init_from, int(metrics["steps"])))
-        paths = export_drafter(drafter, a.output, info)
+        paths = export_drafter(drafter, a.output, info, weight_format=a.export_format)
         size = os.path.getsize(paths["weights"])
         _log(f"exported {a.method} drafter to {a.output} ({size / 1e6:.2f} MB); final {metrics['final']}")
     return TrainResult(drafter, a.output, data_path, metrics)

@@ -84,28 +84,45 @@ def drafter_state(drafter: DFlashDrafter | Eagle3Drafter) -> dict[str, torch.Ten
     return out
 
 
+WEIGHT_FORMATS = ("bfloat16", "int8")
+
+
 def export_drafter(
     drafter: DFlashDrafter | Eagle3Drafter,
     output_dir: str,
     training_info: dict[str, Any] | None = None,
     extra_config: dict[str, Any] | None = None,
+    weight_format: str = "bfloat16",
 ) -> dict[str, str]:
-    """Write ``config.json``, ``model.safetensors`` and (if given) ``training.json`` to ``output_dir``."""
+    """Write ``config.json``, ``model.safetensors`` and (if given) ``training.json`` to ``output_dir``.
+
+    ``weight_format``: ``bfloat16`` (what vLLM / SGLang load) or ``int8`` (weight-only, a scale per output row:
+    half the size, for specserve only; :mod:`specserve.loading.int8`)."""
     from safetensors.torch import save_file
 
+    from specserve.loading import int8
+
+    if weight_format not in WEIGHT_FORMATS:
+        raise ValueError(f"weight_format must be one of {WEIGHT_FORMATS}, got {weight_format!r}")
     os.makedirs(output_dir, exist_ok=True)
     if isinstance(drafter, DFlashDrafter):
         config = dflash_hf_config(drafter.config)
         config.update(extra_config or {})
     else:
         config = eagle3_hf_config(drafter.config, extra_config)
+    state = drafter_state(drafter)
+    if weight_format == "int8":
+        state = int8.quantize_state(state)
+        config["quantization_config"] = int8.quantization_config()
+    else:
+        config.pop("quantization_config", None)
     paths = dict(
         config=os.path.join(output_dir, "config.json"), weights=os.path.join(output_dir, "model.safetensors")
     )
     with open(paths["config"], "w", encoding="utf-8") as f:
         json.dump(config, f, indent=2)
         f.write("\n")
-    save_file(drafter_state(drafter), paths["weights"], metadata={"format": "pt"})
+    save_file(state, paths["weights"], metadata={"format": "pt"})
     if training_info is not None:
         paths["training"] = os.path.join(output_dir, "training.json")
         with open(paths["training"], "w", encoding="utf-8") as f:
@@ -118,9 +135,14 @@ def load_drafter(path: str, dtype: torch.dtype = torch.float32) -> DFlashDrafter
     """Rebuild a drafter from an exported directory (for tests, evaluation and fine-tuning)."""
     from safetensors.torch import load_file
 
+    from specserve.loading import int8
+
     with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
         cfg = json.load(f)
-    state = load_file(os.path.join(path, "model.safetensors"))
+    quant = (cfg.get("quantization_config") or {}).get("quant_method")
+    if quant not in (None, int8.QUANT_METHOD):
+        raise ValueError(f"unsupported quantization_config.quant_method {quant!r} in {path}")
+    state = int8.dequantize_state(load_file(os.path.join(path, "model.safetensors")), torch.float32)
     common = dict(
         hidden_size=cfg["hidden_size"],
         intermediate_size=cfg["intermediate_size"],

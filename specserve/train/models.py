@@ -7,10 +7,11 @@ are passed in by the caller.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 import torch
 import torch.nn.functional as F
@@ -426,6 +427,43 @@ class DFlashDrafter(nn.Module):
         for layer in self.layers:
             h = layer(h, ctx, rope_q, rope_c, mask, backend)
         return self.norm(h)
+
+
+@torch.no_grad()
+def grow_dflash(drafter: DFlashDrafter, num_layers: int | None, intermediate_size: int | None) -> bool:
+    """Grow a trained DFlash drafter in place without changing what it computes (net2net-style), so more
+    capacity can be trained on top of it: MLPs widened to ``intermediate_size`` (new gate/up rows initialised as
+    usual, the matching down-projection columns zero) and layers appended up to ``num_layers`` (o_proj and
+    down_proj zero: each new layer adds nothing to the residual stream until trained). ``None`` keeps a size.
+    Returns whether anything changed; shrinking raises ValueError."""
+    cfg = drafter.config
+    n_old, i_old = cfg.num_hidden_layers, cfg.intermediate_size
+    n_new, i_new = num_layers or n_old, intermediate_size or i_old
+    if n_new < n_old or i_new < i_old:
+        raise ValueError(
+            f"cannot shrink a drafter ({n_old} layers x intermediate {i_old} -> {n_new} x {i_new})"
+        )
+    if (n_new, i_new) == (n_old, i_old):
+        return False
+    ref = next(drafter.parameters())
+    new_cfg = dataclasses.replace(cfg, num_hidden_layers=n_new, intermediate_size=i_new)
+    for layer in drafter.layers:
+        mlp = cast(DFlashLayer, layer).mlp
+        wide = MLP(cfg.hidden_size, i_new).to(device=ref.device, dtype=ref.dtype)
+        init_weights(wide)
+        wide.gate_proj.weight[:i_old] = mlp.gate_proj.weight
+        wide.up_proj.weight[:i_old] = mlp.up_proj.weight
+        wide.down_proj.weight.zero_()
+        wide.down_proj.weight[:, :i_old] = mlp.down_proj.weight
+        cast(DFlashLayer, layer).mlp = wide
+    for _ in range(n_new - n_old):
+        layer = DFlashLayer(new_cfg).to(device=ref.device, dtype=ref.dtype)
+        init_weights(layer)
+        layer.self_attn.o_proj.weight.zero_()
+        layer.mlp.down_proj.weight.zero_()
+        drafter.layers.append(layer)
+    drafter.config = new_cfg
+    return True
 
 
 # ---------------------------------------------------------------------------------------------- EAGLE-3
