@@ -48,17 +48,14 @@ class Checkpoint:
                 from specserve.loading import int8
 
                 with safe_open(f, framework="pt") as sf:
-                    names = set(sf.keys())
+                    q = int8.quantized_names(sf.keys(), lambda n: sf.get_slice(n).get_dtype() == "I8")
+                    scales = {n + int8.SCALE_SUFFIX for n in q}  # read with their weight (compact drafters)
                     for name in sf.keys():
-                        t = sf.get_tensor(name)
-                        if t.dtype == torch.int8 and name + int8.SCALE_SUFFIX in names:  # compact drafters
-                            yield name, int8.dequantize(t, sf.get_tensor(name + int8.SCALE_SUFFIX), dtype)
-                        elif not (
-                            name.endswith(int8.SCALE_SUFFIX)
-                            and name[: -len(int8.SCALE_SUFFIX)] in names
-                            and sf.get_slice(name[: -len(int8.SCALE_SUFFIX)]).get_dtype() == "I8"
-                        ):
-                            yield name, _cast(t, dtype)
+                        if name in q:
+                            scale = sf.get_tensor(name + int8.SCALE_SUFFIX)
+                            yield name, int8.dequantize(sf.get_tensor(name), scale, dtype)
+                        elif name not in scales:
+                            yield name, _cast(sf.get_tensor(name), dtype)
             else:
                 try:
                     sd = torch.load(f, map_location="cpu", weights_only=True, mmap=True)

@@ -11,7 +11,7 @@ misreading it): export bf16 for vLLM.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 import torch
 
@@ -57,16 +57,19 @@ def quantize_state(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]
     return out
 
 
+def quantized_names(names: Iterable[str], is_int8: Callable[[str], bool]) -> set[str]:
+    """The weights stored int8 (each has a ``_scale`` companion) among ``names``; ``is_int8(name)`` tells a
+    tensor's dtype without loading it where the reader can (safetensors slices)."""
+    names = set(names)
+    return {n for n in names if n + SCALE_SUFFIX in names and is_int8(n)}
+
+
 def dequantize_state(state: Mapping[str, torch.Tensor], dtype: torch.dtype) -> dict[str, torch.Tensor]:
     """Inverse of :func:`quantize_state` (a state without int8 weights comes back unchanged)."""
-    out: dict[str, torch.Tensor] = {}
-    for name, t in state.items():
-        if name.endswith(SCALE_SUFFIX) and t.dtype != torch.int8 and name[: -len(SCALE_SUFFIX)] in state:
-            base = state[name[: -len(SCALE_SUFFIX)]]
-            if base.dtype == torch.int8:
-                continue  # consumed with its weight
-        if t.dtype == torch.int8 and name + SCALE_SUFFIX in state:
-            out[name] = dequantize(t, state[name + SCALE_SUFFIX], dtype)
-        else:
-            out[name] = t
-    return out
+    q = quantized_names(state, lambda n: state[n].dtype == torch.int8)
+    scales = {n + SCALE_SUFFIX for n in q}
+    return {
+        name: dequantize(t, state[name + SCALE_SUFFIX], dtype) if name in q else t
+        for name, t in state.items()
+        if name not in scales
+    }

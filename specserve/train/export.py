@@ -114,8 +114,6 @@ def export_drafter(
     if weight_format == "int8":
         state = int8.quantize_state(state)
         config["quantization_config"] = int8.quantization_config()
-    else:
-        config.pop("quantization_config", None)
     paths = dict(
         config=os.path.join(output_dir, "config.json"), weights=os.path.join(output_dir, "model.safetensors")
     )

@@ -447,15 +447,14 @@ def grow_dflash(drafter: DFlashDrafter, num_layers: int | None, intermediate_siz
         return False
     ref = next(drafter.parameters())
     new_cfg = dataclasses.replace(cfg, num_hidden_layers=n_new, intermediate_size=i_new)
-    for layer in drafter.layers:
-        mlp = cast(DFlashLayer, layer).mlp
-        wide = MLP(cfg.hidden_size, i_new).to(device=ref.device, dtype=ref.dtype)
+    for layer in cast(list[DFlashLayer], list(drafter.layers)):
+        mlp, wide = layer.mlp, MLP(cfg.hidden_size, i_new).to(device=ref.device, dtype=ref.dtype)
         init_weights(wide)
         wide.gate_proj.weight[:i_old] = mlp.gate_proj.weight
         wide.up_proj.weight[:i_old] = mlp.up_proj.weight
         wide.down_proj.weight.zero_()
         wide.down_proj.weight[:, :i_old] = mlp.down_proj.weight
-        cast(DFlashLayer, layer).mlp = wide
+        layer.mlp = wide
     for _ in range(n_new - n_old):
         layer = DFlashLayer(new_cfg).to(device=ref.device, dtype=ref.dtype)
         init_weights(layer)
