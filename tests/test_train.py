@@ -739,7 +739,7 @@ def test_resume_equals_uninterrupted_run(tmp_path, tiny):
     assert all(int(s["step"]) == 8 for s in c2["optimizer"]["state"].values())
 
 
-def test_init_from_continues_an_exported_drafter(tmp_path, tiny):
+def test_init_from_continues_an_exported_drafter(tmp_path, tiny, capsys):
     """--init-from starts from an exported drafter: its first loss is the first run's last, far below a fresh
     start's; a drafter of the other method or a missing directory is a one-line error."""
     first = run(parse_args(_dflash_args(tiny, str(tmp_path / "a"), "--max-steps", "30", "--epochs", "100")))
@@ -760,6 +760,10 @@ def test_init_from_continues_an_exported_drafter(tmp_path, tiny):
     assert "--max-steps 30" in runs[0]["command"] and str(tmp_path / "a") in runs[1]["command"]
     assert runs[1]["final"]["loss"] == more.metrics["final"]["loss"]
     assert runs[0]["data"]["samples"] == runs[1]["data"]["samples"] == info["data"]["samples"] > 0
+    # growing works (tests below); shrinking is a one-line error
+    assert main(_dflash_args(tiny, str(tmp_path / "s"), "--max-steps", "1", "--init-from", str(tmp_path / "a"))
+                + ["--num-layers", "1"]) == 2  # fmt: skip
+    assert "cannot shrink" in capsys.readouterr().err
     bad = str(tmp_path / "a")
     assert main(["eagle3", "--target", tiny["target"], "--data", tiny["data"], "--output", str(tmp_path / "c"),
                  "--init-from", bad]) == 2  # fmt: skip

@@ -247,3 +247,11 @@ def test_int8_export_is_compact_and_grown_drafter_recorded(trained):
     )
     b16 = sum(t.numel() * t.element_size() for t in eb.values() if t.is_floating_point())
     assert 0 < b8 < 0.6 * b16  # weights (the int64 / bool vocab maps stay as they are)
+
+
+def test_eagle3_init_from_refuses_a_resize(tiny_qwen3_dir, data_file, trained, tmp_path, capsys):
+    args = ["eagle3", "--target", tiny_qwen3_dir, "--data", data_file, "--init-from", trained["eagle3"],
+            "--intermediate-size", "999", "--max-steps", "1", "--output", str(tmp_path / "e"), "--device", "cpu"]  # fmt: skip
+    assert train_main(args) == 2
+    assert "EAGLE-3 heads are not resized" in capsys.readouterr().err
+    assert not (tmp_path / "e" / "model.safetensors").exists()
