@@ -151,8 +151,8 @@ def main() -> int:
         nargs="*",
         default=None,
         metavar="BN,BK,WARPS,STAGES[,fma]",
-        help="also time the step with SPECSERVE_TRITON_GEMV=1 (the six-kernel layer) for each launch config "
-        "(none given: a default list), next to the nine-kernel graph time",
+        help="also time the step with the nine-kernel layer (SPECSERVE_TRITON_GEMV=0), the six-kernel layer with "
+        "its default launch config, and with each config given (none given: a default list)",
     )
     a = ap.parse_args()
     if a.config_dir:
@@ -189,6 +189,14 @@ def main() -> int:
         f"{meta.max_seq_len}), {a.dtype}, {name}, "
         f"weight layout {layout}"
     )
+    from specserve.layers import triton_gemv
+
+    six = layout == "nk" and ids.shape[0] <= triton_gemv.max_rows(ids.new_empty(0).float(), cfg.hidden_size)
+    print(
+        "layer: "
+        + ("six kernels (Triton GEMVs with fused prologues)" if six else "nine kernels (cuBLAS GEMMs)")
+        + f" [SPECSERVE_TRITON_GEMV={os.environ.get('SPECSERVE_TRITON_GEMV', 'auto')}]"
+    )
     print(f"GEMM weight bytes / all weight bytes read: {gemm_bytes / wb:.4f} (should be ~1: norms are tiny)")
     print(f"weights {wb / 1e9:.3f} GB; DRAM rate {rate / 1e12:.2f} TB/s -> floor {floor_ms:.3f} ms")
     print(f"graph replay {g_ms:.3f} ms = {g_ms / floor_ms:.3f}x floor; {n_kernels} kernels per step")
@@ -217,20 +225,26 @@ def main() -> int:
         )
     sweep = []
     if a.gemv_sweep is not None and CUDA:
-        cfgs = a.gemv_sweep or [
+        cfgs = ["nine-kernel", "default"] + (a.gemv_sweep or [
             "16,256,4,3", "16,512,4,3", "16,128,4,4", "32,256,4,3", "16,256,8,3",
-            "16,256,4,3,fma", "32,256,4,3,fma", "64,128,4,3,fma", "16,512,8,3,fma",
-        ]  # fmt: skip
+            "16,256,4,3,fma", "8,1024,4,1,fma", "4,1024,4,1,fma", "2,1024,4,1,fma", "1,1024,4,1,fma",
+        ])  # fmt: skip
 
         def logits() -> torch.Tensor:
             with torch.inference_mode():
                 return model.compute_logits(model(ids, pos, meta)[0]).float()
 
+        saved = {k: os.environ.get(k) for k in ("SPECSERVE_TRITON_GEMV", "SPECSERVE_GEMV_CFG")}
+        os.environ["SPECSERVE_TRITON_GEMV"] = "0"
         ref = logits()
-        os.environ["SPECSERVE_TRITON_GEMV"] = "1"
-        print(f"\nsix-kernel layer (SPECSERVE_TRITON_GEMV=1) vs the nine-kernel graph {g_ms:.3f} ms:")
+        print(
+            "\nsix-kernel layer (SPECSERVE_TRITON_GEMV=1) per launch config vs the nine-kernel layer (=0):"
+        )
         for c in cfgs:
-            os.environ["SPECSERVE_GEMV_CFG"] = c
+            os.environ["SPECSERVE_TRITON_GEMV"] = "0" if c == "nine-kernel" else "1"
+            os.environ.pop("SPECSERVE_GEMV_CFG", None)
+            if c not in ("nine-kernel", "default"):
+                os.environ["SPECSERVE_GEMV_CFG"] = c
             try:
                 with torch.inference_mode():
                     ms = graph_ms(step_fn(model, ids, pos, meta))
@@ -251,11 +265,13 @@ def main() -> int:
                 )
             )
             print(
-                f"  BN,BK,warps,stages={c:<12} {ms:.3f} ms = {ms / floor_ms:.3f}x floor; logits vs nine-kernel: "
+                f"  {c:<16} {ms:.3f} ms = {ms / floor_ms:.3f}x floor; logits vs nine-kernel: "
                 f"max rel diff {rel:.2e}, same argmax {same}" + (f"  {err}" if err else "")
             )
-        os.environ.pop("SPECSERVE_TRITON_GEMV")
-        os.environ.pop("SPECSERVE_GEMV_CFG")
+        for k, v in saved.items():
+            os.environ.pop(k, None)
+            if v is not None:
+                os.environ[k] = v
     report = dict(
         command="python " + " ".join(sys.argv),
         git=os.popen("git rev-parse --short HEAD 2>/dev/null").read().strip(),
@@ -267,6 +283,7 @@ def main() -> int:
         max_seq_len=meta.max_seq_len,
         dtype=a.dtype,
         weight_layout=layout,
+        six_kernel_layer=six,
         weight_bytes=wb,
         dram_Bps=rate,
         floor_ms=floor_ms,

@@ -6,11 +6,14 @@
 
 1. Greedy outputs with CUDA graphs equal those without (--enforce-eager) for 128 tokens, bf16, for plain decode
    and each speculative method available.
-2. Batch-1 decode tokens/s (256 tokens, greedy, the same chat prompts ``TIMED``): HF transformers eager, HF
+2. Batch-1 decode tokens/s (256 tokens, greedy, the same prompts for every engine): HF transformers eager, HF
    with cache_implementation="static" (its automatic torch.compile, warmed up on each timed prompt: a new prompt
    length means a new static cache shape, hence a recompile), specserve plain, and specserve with each drafter
    (acceptance length printed beside), all in this one run. HF runs first, in a subprocess with a time limit
-   (``--hf-timeout``), so a slow compile cannot eat the rest of the run.
+   (``--hf-timeout``), so a slow compile cannot eat the rest of the run. The prompt sets: ``chat`` (the two
+   general prompts ``TIMED``) and one more per ``--timed-file FILE[:N]`` (the first N prompts of a dataset
+   file, default 2, e.g. gsm8k_test.jsonl: a held-out set of the domain the demo drafters were trained for);
+   each row names its set, and the "x HF static" column divides by HF static on the same set.
 """
 
 from __future__ import annotations
@@ -33,6 +36,22 @@ PROMPTS = [
     "Give three tips for a good night's sleep.",
 ]
 TIMED = PROMPTS[:2]  # batch-1 speed, the same prompts for every engine
+
+
+def prompt_sets(args: argparse.Namespace) -> dict[str, list[str]]:
+    """{"chat": TIMED, <file stem>: its first N prompts, ...} for the batch-1 timing."""
+    from specserve.bench.datasets import _first_prompt, _read_records
+
+    sets = {"chat": list(TIMED)}
+    for spec in args.timed_file or []:
+        path, _, n = spec.partition(":")
+        if not os.path.isfile(path):
+            raise SystemExit(f"--timed-file: no such file: {path}")
+        got = [p for p in (_first_prompt(r) for r in _read_records(path)) if p][: int(n or 2)]
+        if not got:
+            raise SystemExit(f"--timed-file: no prompts found in {path}")
+        sets[Path(path).name.split(".")[0]] = got
+    return sets
 
 
 def specs(args: argparse.Namespace) -> list[dict | None]:
@@ -74,17 +93,23 @@ def hf_worker(args: argparse.Namespace) -> int:
         cfg = transformers.AutoConfig.from_pretrained(args.config_dir)
         hf = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
     hf = hf.cuda().eval()
-    enc = [
-        tok.apply_chat_template(
-            [{"role": "user", "content": p}],
-            add_generation_prompt=True,
-            return_tensors="pt",
-            return_dict=True,
-        )["input_ids"].cuda()
-        for p in TIMED
-    ]
     n = args.tokens
-    for mode in ("eager", "static"):
+    for set_name, prompts in prompt_sets(args).items():
+        enc = [
+            tok.apply_chat_template(
+                [{"role": "user", "content": p}],
+                add_generation_prompt=True,
+                return_tensors="pt",
+                return_dict=True,
+            )["input_ids"].cuda()
+            for p in prompts
+        ]
+        hf_time(hf, enc, n, set_name, eager=set_name == "chat")  # eager (~20x slower) on the first set only
+    return 0
+
+
+def hf_time(hf: torch.nn.Module, enc: list[torch.Tensor], n: int, set_name: str, eager: bool) -> None:
+    for mode in ("eager", "static") if eager else ("static",):
         kw = {"cache_implementation": "static"} if mode == "static" else {}
         t0 = time.perf_counter()
         # warm-up: static compiles its forward for each prompt length (two runs each); eager one short run
@@ -100,15 +125,16 @@ def hf_worker(args: argparse.Namespace) -> int:
             ntok += out.shape[1] - ids.shape[1]
         torch.cuda.synchronize()
         dt = time.perf_counter() - t0
-        row = {"engine": "hf-transformers", "config": mode, "tokens_per_s": round(ntok / dt, 1)}
-        row.update(acceptance_length=None, warmup_s=round(warm, 1))
+        row = {"engine": "hf-transformers", "config": mode, "prompt_set": set_name}
+        row.update(tokens_per_s=round(ntok / dt, 1), acceptance_length=None, warmup_s=round(warm, 1))
         print(json.dumps(row), flush=True)
-    return 0
 
 
 def run_hf(args: argparse.Namespace) -> list[dict]:
     cmd = [sys.executable, os.path.abspath(__file__), "--hf-worker", "--tokens", str(args.tokens)]
     cmd += ["--gguf", args.gguf] if args.gguf else ["--config-dir", args.config_dir]
+    for f in args.timed_file or []:
+        cmd += ["--timed-file", f]
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.hf_timeout)
         out, err = p.stdout, p.stderr
@@ -118,7 +144,7 @@ def run_hf(args: argparse.Namespace) -> list[dict]:
     rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     for r in rows:
         print(json.dumps(r), flush=True)
-    if len(rows) < 2:
+    if len(rows) < 1 + len(args.timed_file or []) + 1:
         print("HF transformers incomplete:", err[-2000:], flush=True)
     return rows
 
@@ -139,6 +165,13 @@ def main() -> int:
     ap.add_argument(
         "--hf-timeout", type=float, default=300.0, help="seconds for HF's load + warm-up + timing"
     )
+    ap.add_argument(
+        "--timed-file",
+        action="append",
+        metavar="FILE[:N]",
+        help="one more prompt set for the batch-1 timing: the first N (default 2) prompts of a dataset file "
+        "(repeatable; the chat set is always timed)",
+    )
     ap.add_argument("--hf-worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
@@ -146,6 +179,7 @@ def main() -> int:
         return hf_worker(args)
     from specserve import LLM, SamplingParams
 
+    sets = prompt_sets(args)  # checked before anything loads
     rows: list[dict] = [] if args.skip_hf else run_hf(args)
     equal: dict[str, bool] = {}
     for spec in specs(args):
@@ -167,38 +201,45 @@ def main() -> int:
             chats = [[{"role": "user", "content": p}] for p in PROMPTS]
             outs = llm.chat(chats, SamplingParams(temperature=0, max_tokens=128, ignore_eos=True))
             res[eager] = [o.outputs[0].token_ids for o in outs]
-            if not eager:  # timing: batch 1, one prompt after another
+            if not eager:  # timing: batch 1, one prompt after another, each prompt set on its own
                 llm.chat(chats[:1], SamplingParams(temperature=0, max_tokens=16))
-                m0 = llm.get_metrics()
-                ntok, t0 = 0, time.perf_counter()
-                for c in chats[: len(TIMED)]:
-                    o = llm.chat([c], SamplingParams(temperature=0, max_tokens=args.tokens, ignore_eos=True))
-                    ntok += len(o[0].outputs[0].token_ids)
-                dt = time.perf_counter() - t0
-                m1 = llm.get_metrics()
-                d = m1["spec_decode_num_drafts"] - m0["spec_decode_num_drafts"]
-                a = m1["spec_decode_num_accepted_tokens"] - m0["spec_decode_num_accepted_tokens"]
-                rows.append(
-                    {
-                        "engine": "specserve",
-                        "config": name(spec),
-                        "tokens_per_s": round(ntok / dt, 1),
-                        "acceptance_length": round(1 + a / d, 3) if d else None,
-                    }
-                )
-                print(json.dumps(rows[-1]), flush=True)
+                for set_name, prompts in sets.items():
+                    m0 = llm.get_metrics()
+                    ntok, t0 = 0, time.perf_counter()
+                    for p in prompts:
+                        sp = SamplingParams(temperature=0, max_tokens=args.tokens, ignore_eos=True)
+                        o = llm.chat([[{"role": "user", "content": p}]], sp)
+                        ntok += len(o[0].outputs[0].token_ids)
+                    dt = time.perf_counter() - t0
+                    m1 = llm.get_metrics()
+                    d = m1["spec_decode_num_drafts"] - m0["spec_decode_num_drafts"]
+                    a = m1["spec_decode_num_accepted_tokens"] - m0["spec_decode_num_accepted_tokens"]
+                    rows.append(
+                        {
+                            "engine": "specserve",
+                            "config": name(spec),
+                            "prompt_set": set_name,
+                            "tokens_per_s": round(ntok / dt, 1),
+                            "acceptance_length": round(1 + a / d, 3) if d else None,
+                        }
+                    )
+                    print(json.dumps(rows[-1]), flush=True)
             del llm
             torch.cuda.empty_cache()
         if not args.no_eager:
             equal[name(spec)] = res[True] == res[False]
             print(f"graphs == eager for {name(spec)}: {equal[name(spec)]}", flush=True)
 
-    hf_static = next((r["tokens_per_s"] for r in rows if r["config"] == "static"), None)
-    print(f"\n{'engine':16} {'config':14} {'tok/s':>8} {'x HF static':>11} {'accept len':>10}")
-    for r in rows:
-        x = f"{r['tokens_per_s'] / hf_static:.2f}" if hf_static else "-"
+    hf_static = {r["prompt_set"]: r["tokens_per_s"] for r in rows if r["config"] == "static"}
+    print(f"\n{'engine':16} {'config':14} {'prompts':12} {'tok/s':>8} {'x HF static':>11} {'accept len':>10}")
+    for r in sorted(rows, key=lambda r: list(sets).index(r["prompt_set"])):
+        base = hf_static.get(r["prompt_set"])
+        x = f"{r['tokens_per_s'] / base:.2f}" if base else "-"
         al = f"{r['acceptance_length']:.2f}" if r["acceptance_length"] else "-"
-        print(f"{r['engine']:16} {r['config']:14} {r['tokens_per_s']:>8.1f} {x:>11} {al:>10}")
+        print(
+            f"{r['engine']:16} {r['config']:14} {r['prompt_set'][:12]:12} {r['tokens_per_s']:>8.1f} {x:>11} "
+            f"{al:>10}"
+        )
     print("graphs == eager (128 greedy tokens, 4 prompts, bf16):", json.dumps(equal))
     try:
         rev = subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True).strip()

@@ -1,4 +1,4 @@
-"""The experimental skinny GEMM with fused prologues (specserve.layers.triton_gemv, interpreted on CPU) vs the
+"""The skinny GEMM with fused prologues (specserve.layers.triton_gemv, interpreted on CPU) vs the
 nine-kernel fused path it replaces: the same GEMM inputs bit for bit (add+RMSNorm, SiLU-mul), products within
 the GEMM's rounding, and the same greedy tokens through the whole model."""
 
@@ -35,12 +35,14 @@ def _close(y: torch.Tensor, ref: torch.Tensor) -> None:
         torch.testing.assert_close(y.float(), ref.float(), atol=1e-3, rtol=1 / 128)
 
 
-@pytest.mark.parametrize("cfg", [None, "16,64,4,2,fma"])
+@pytest.mark.parametrize("cfg", [None, "16,64,4,2,fma", "16,256,4,3"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("m", [1, 3, 16])
 def test_prologues_match_the_fused_kernels(dtype, m, cfg, monkeypatch):
-    if cfg:  # the CUDA-core variant (a tile of next_pow2(m) rows)
+    if cfg:  # None: the default (CUDA-core tile sized by the row count); "fma": CUDA cores; else tl.dot
         monkeypatch.setenv("SPECSERVE_GEMV_CFG", cfg)
+    else:
+        monkeypatch.delenv("SPECSERVE_GEMV_CFG", raising=False)
     g = torch.Generator().manual_seed(m)
     n, k = 40, 200  # neither a multiple of the blocks
     x = torch.randn(m, k, generator=g).to(dtype)
@@ -181,3 +183,34 @@ def test_projection_biases_keep_the_nine_kernel_path(monkeypatch):
     ids, pos, meta = Batch().step([[1, 2, 3], [4]], [0, 0])
     h, _ = model(ids, pos, meta)
     assert calls == [] and torch.isfinite(h).all()
+
+
+def test_where_the_six_kernel_layer_runs_and_its_default_tiles(monkeypatch):
+    """``auto`` (default): CUDA, small hidden sizes, <= 4 rows; ``1``: <= 16 rows anywhere; ``0``: never; anything
+    else is an error. The default tile keeps next_pow2(rows) x BLOCK_N x BLOCK_K at 8192 products (no spills at 16
+    rows, where the b1 tile 8 x 1024 would hold 131072) with one pass over K up to 1024."""
+    cpu = torch.zeros(1)
+    monkeypatch.delenv("SPECSERVE_TRITON_GEMV", raising=False)
+    assert tg.max_rows(cpu, 576) == 0  # auto is CUDA-only
+    meta = torch.zeros(1, device="meta")  # is_cuda False as well: auto stays off off-GPU
+    assert tg.max_rows(meta, 576) == 0
+    monkeypatch.setenv("SPECSERVE_TRITON_GEMV", "1")
+    assert tg.max_rows(cpu, 4096) == tg.MAX_ROWS == 16
+    monkeypatch.setenv("SPECSERVE_TRITON_GEMV", "0")
+    assert tg.max_rows(cpu, 576) == 0
+    monkeypatch.setenv("SPECSERVE_TRITON_GEMV", "yes")
+    with pytest.raises(ValueError, match="auto, 1 or 0"):
+        tg.max_rows(cpu, 576)
+    monkeypatch.delenv("SPECSERVE_GEMV_CFG", raising=False)
+    assert tg._config(1, 576) == (8, 1024, 4, 1, False)  # the best of the session-8 sweep on SmolLM2
+    assert tg._config(1, 1536)[:2] == (8, 1024)
+    for m in range(1, 17):
+        bn, bk, _, _, use_dot = tg._config(m, 576)
+        assert not use_dot and bn >= 1 and bn * bk * triton_next_pow2(m) <= 8192
+    assert tg._config(16, 576)[:2] == (1, 512) and tg._config(2, 64)[:2] == (16, 64)
+    monkeypatch.setenv("SPECSERVE_GEMV_CFG", "16,256,4,3")
+    assert tg._config(1, 576) == (16, 256, 4, 3, True)
+
+
+def triton_next_pow2(m: int) -> int:
+    return 1 << (m - 1).bit_length()

@@ -1,10 +1,14 @@
 """Skinny GEMMs (at most 16 rows: decode at batch <= 16) with the decoder layer's small ops fused in front.
 
-Experimental and off by default (``SPECSERVE_TRITON_GEMV=1`` turns it on): with it the fused decoder layer is six
-kernels instead of nine (see :func:`specserve.models.llama.run_layers_fused`). Measured on the H200 (session 5,
-``benchmarks/results/h200-2026-12-03-s5/decode_profile-b1.log``): correct (logits within bf16 rounding of the
-nine-kernel step, same argmax) but slower: 7.5 ms per Qwen3-8B-shaped decode step at best (``16,512,8,3,fma``) vs
-5.1 ms with cuBLAS's GEMVs, whose split-K launches keep far more CTAs streaming weights. Kept for tuning.
+With it the fused decoder layer is six kernels instead of nine (see :func:`specserve.models.llama.run_layers_fused`).
+``SPECSERVE_TRITON_GEMV`` picks where: ``auto`` (default) on CUDA for steps of at most :data:`AUTO_MAX_ROWS` rows
+of a model whose hidden size is at most :data:`AUTO_MAX_HIDDEN` (small, launch-bound models: plain decode at batch
+1-4); ``1`` for every step of at most :data:`MAX_ROWS` rows (any device: the tests, tuning); ``0`` never.
+Measured on the H200 (``benchmarks/results/h200-2026-12-03-s8/decode_profile-smollm2-b1-gemv*.log``): the
+SmolLM2-135M decode step at batch 1 takes 0.710 ms as a graph with the six-kernel layer (CUDA-core tiles, one
+pass over K) vs 0.931 ms with cuBLAS's GEMVs (304 kernels); on the Qwen3-8B shape (session 5) cuBLAS's split-K
+GEMVs keep far more CTAs streaming weights (7.5 vs 5.1 ms), and at 16 rows the CUDA-core tile spills (DFlash's
+verify and query steps collapsed to 160 tok/s on SmolLM2), hence the bounds of ``auto``.
 
     qkv      = W_qkv  @ RMSNorm(residual + x)      (add + norm prologue; program 0 writes the new residual)
     rope_store, attention                          (unchanged)
@@ -16,8 +20,8 @@ The prologues round exactly where :mod:`specserve.layers.triton_fused` rounds (e
 rounds its result to the model dtype), so the GEMM inputs are those of the nine-kernel path bit for bit; only
 the GEMMs' fp32 accumulation order differs from cuBLAS. Each program owns ``BLOCK_N`` output columns for all rows
 (one pass over its weight rows: the weights are read once per step) and recomputes the row statistics of its
-prologue from the (tiny, L2-resident) activations. ``SPECSERVE_GEMV_CFG="BLOCK_N,BLOCK_K,num_warps,num_stages"``
-overrides the launch configuration for tuning. Runs under ``TRITON_INTERPRET=1`` on CPU (the tests); no host syncs,
+prologue from the (tiny, L2-resident) activations. ``SPECSERVE_GEMV_CFG="BLOCK_N,BLOCK_K,num_warps,num_stages[,fma]"``
+overrides the launch configuration (:func:`_config`) for tuning. Runs under ``TRITON_INTERPRET=1`` on CPU (the tests); no host syncs,
 static grids: CUDA-graph capturable.
 """
 
@@ -31,26 +35,47 @@ import triton.language as tl
 
 from specserve.layers.triton_fused import _mode, _round
 
-__all__ = ["MAX_ROWS", "enabled", "gemv"]
+__all__ = ["AUTO_MAX_HIDDEN", "AUTO_MAX_ROWS", "MAX_ROWS", "gemv", "max_rows"]
 
 MAX_ROWS = 16
+AUTO_MAX_ROWS = 4
+AUTO_MAX_HIDDEN = 1024
 _NONE, _NORM, _ADD_NORM, _SILU = 0, 1, 2, 3
+_TILE = 8192  # fp32 products per program and K step on the CUDA-core path: 64 registers a thread at 4 warps
 
 
-def enabled() -> bool:
-    return os.environ.get("SPECSERVE_TRITON_GEMV", "0") == "1"
+def max_rows(x: torch.Tensor, hidden_size: int) -> int:
+    """The most rows a step over activations ``x`` may have to take the six-kernel layer (0: never), from
+    ``SPECSERVE_TRITON_GEMV`` (``auto`` default, ``1``, ``0``)."""
+    v = os.environ.get("SPECSERVE_TRITON_GEMV", "auto").strip().lower() or "auto"
+    if v == "1":
+        return MAX_ROWS
+    if v == "auto":
+        return AUTO_MAX_ROWS if x.is_cuda and hidden_size <= AUTO_MAX_HIDDEN else 0
+    if v == "0":
+        return 0
+    raise ValueError(f"SPECSERVE_TRITON_GEMV must be auto, 1 or 0, got {v!r}")
 
 
-def _config() -> tuple[int, int, int, int, bool]:
-    """(BLOCK_N, BLOCK_K, num_warps, num_stages, use tl.dot) from ``SPECSERVE_GEMV_CFG="BN,BK,W,S[,fma]"``;
-    ``fma``: CUDA-core multiply-and-reduce over a tile of next_pow2(rows) rows instead of a 16-row tl.dot (fewer
-    wasted lanes at batch 1-4; the per-row arithmetic then depends on the row count)."""
+def _config(m: int, k: int) -> tuple[int, int, int, int, bool]:
+    """(BLOCK_N, BLOCK_K, num_warps, num_stages, use tl.dot) for ``m`` rows and ``k`` inputs.
+
+    ``SPECSERVE_GEMV_CFG="BN,BK,W,S[,fma]"`` if set (``fma``: CUDA-core multiply-and-reduce over a tile of
+    next_pow2(m) rows; without it a 16-row ``tl.dot``). Default: the CUDA-core tile with one pass over K up to
+    1024 inputs (the K loop's dependent loads are what a launch-bound step waits on: at SmolLM2's K = 576, BLOCK_K
+    1024 took 0.78 ms per step vs 0.92 at 512 and 1.89 at 128) and as many output columns as keep the tile at
+    :data:`_TILE` products (8 at one row: the best of the session-8 sweep; fewer as rows grow, then a shorter K step:
+    it never spills).
+    """
     raw = os.environ.get("SPECSERVE_GEMV_CFG")
     if raw:
         parts = raw.split(",")
         bn, bk, nw, ns = (int(v) for v in parts[:4])
         return bn, bk, nw, ns, not (len(parts) > 4 and parts[4].strip() == "fma")
-    return 16, 256, 4, 3, True
+    mp = triton.next_power_of_2(max(m, 1))
+    bk = min(triton.next_power_of_2(max(k, 16)), 1024, _TILE // mp)
+    bn = max(1, min(16, _TILE // (bk * mp)))
+    return bn, bk, 4, 1, False
 
 
 @triton.jit
@@ -172,7 +197,7 @@ def gemv(
         raise ValueError("gemv: residual must match x")
     if m == 0:
         return y, (res_out if pro == _ADD_NORM else (x if pro == _NORM else None))
-    bn, bk, nw, ns, use_dot = _config()
+    bn, bk, nw, ns, use_dot = _config(m, k)
     block_m = MAX_ROWS if use_dot else max(1, triton.next_power_of_2(m))
     r = residual if residual is not None else x
     ro = res_out if res_out is not None else x

@@ -241,13 +241,16 @@ def _layer_fused(
 
 
 def _gemv_path(layers: nn.ModuleList, h: torch.Tensor) -> bool:
-    """The experimental six-kernel layer (``SPECSERVE_TRITON_GEMV=1``): at most 16 rows, no projection biases."""
+    """The six-kernel layer (``SPECSERVE_TRITON_GEMV``, default ``auto``: small models on CUDA at <= 4 rows; see
+    :func:`specserve.layers.triton_gemv.max_rows`); weights in nn.Linear's layout, no projection biases."""
     from specserve.layers import triton_gemv
 
-    if not triton_gemv.enabled() or h.shape[0] > triton_gemv.MAX_ROWS or not len(layers):
+    if not len(layers):
         return False
     a = cast(DecoderLayer, layers[0]).self_attn
     if not isinstance(a.qkv_proj, nn.Linear):  # SPECSERVE_WEIGHT_LAYOUT=kn: the six-kernel layer reads [N, K]
+        return False
+    if h.shape[0] > triton_gemv.max_rows(h, a.qkv_proj.in_features):
         return False
     return a.qkv_proj.bias is None and a.o_proj.bias is None
 
