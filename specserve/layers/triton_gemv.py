@@ -3,12 +3,13 @@
 With it the fused decoder layer is six kernels instead of nine (see :func:`specserve.models.llama.run_layers_fused`).
 ``SPECSERVE_TRITON_GEMV`` picks where: ``auto`` (default) on CUDA for steps of at most :data:`AUTO_MAX_ROWS` rows
 of a model whose hidden size is at most :data:`AUTO_MAX_HIDDEN` (small, launch-bound models: plain decode at batch
-1-4); ``1`` for every step of at most :data:`MAX_ROWS` rows (any device: the tests, tuning); ``0`` never.
+1); ``1`` for every step of at most :data:`MAX_ROWS` rows (any device: the tests, tuning); ``0`` never.
 Measured on the H200 (``benchmarks/results/h200-2026-12-03-s8/decode_profile-smollm2-b1-gemv*.log``): the
 SmolLM2-135M decode step at batch 1 takes 0.710 ms as a graph with the six-kernel layer (CUDA-core tiles, one
 pass over K) vs 0.931 ms with cuBLAS's GEMVs (304 kernels); on the Qwen3-8B shape (session 5) cuBLAS's split-K
 GEMVs keep far more CTAs streaming weights (7.5 vs 5.1 ms), and at 16 rows the CUDA-core tile spills (DFlash's
-verify and query steps collapsed to 160 tok/s on SmolLM2), hence the bounds of ``auto``.
+verify and query steps collapsed to 160 tok/s on SmolLM2; at 16 rows the best config, a ``tl.dot`` tile, took 2.16
+ms vs cuBLAS's 1.06) and already at 4 rows the default tile loses (1.13 vs 0.94 ms), hence the bounds of ``auto``.
 
     qkv      = W_qkv  @ RMSNorm(residual + x)      (add + norm prologue; program 0 writes the new residual)
     rope_store, attention                          (unchanged)
@@ -38,7 +39,7 @@ from specserve.layers.triton_fused import _mode, _round
 __all__ = ["AUTO_MAX_HIDDEN", "AUTO_MAX_ROWS", "MAX_ROWS", "gemv", "max_rows"]
 
 MAX_ROWS = 16
-AUTO_MAX_ROWS = 4
+AUTO_MAX_ROWS = 1
 AUTO_MAX_HIDDEN = 1024
 _NONE, _NORM, _ADD_NORM, _SILU = 0, 1, 2, 3
 _TILE = 8192  # fp32 products per program and K step on the CUDA-core path: 64 registers a thread at 4 warps

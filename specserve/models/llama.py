@@ -241,7 +241,7 @@ def _layer_fused(
 
 
 def _gemv_path(layers: nn.ModuleList, h: torch.Tensor) -> bool:
-    """The six-kernel layer (``SPECSERVE_TRITON_GEMV``, default ``auto``: small models on CUDA at <= 4 rows; see
+    """The six-kernel layer (``SPECSERVE_TRITON_GEMV``, default ``auto``: small models on CUDA, one row; see
     :func:`specserve.layers.triton_gemv.max_rows`); weights in nn.Linear's layout, no projection biases."""
     from specserve.layers import triton_gemv
 
