@@ -9,7 +9,7 @@
 #    MT-Bench and math_reasoning records), tinyshakespeare continuation prompts, and ~1000 questions the target
 #    writes itself (topic x style grid). Never mt_bench / gsm8k_test / math500 / HumanEval / eagle/* (the loader
 #    refuses them). 4 engine processes share the GPU: the engine is host-bound at this model size.
-# 2. train DFlash (3 layers, intermediate 704, block 16, taps [1,14,27] -> ~14.6 MB bf16) and EAGLE-3 (1 layer,
+# 2. train DFlash (5 layers, intermediate 1024, block 16, taps [1,14,27] -> ~14.4 MB int8) and EAGLE-3 (1 layer,
 #    intermediate 1280, taps (2,15,27), LM head shared -> ~9.7 MB) at the same time on the same GPU.
 # 3. export to specserve/assets/smollm2-135m-{dflash,eagle3}/ (config.json, model.safetensors, training.json);
 #    copies also land in $OUT when set (the device runner brings $OUT back).
@@ -27,11 +27,12 @@
 # SELF_PROMPTS (how many questions / math problems the target writes itself, default 1000; past the ~1300
 # instructions of the topic grids they repeat with other sampling seeds), WEIGHT_DECAY (AdamW weight decay,
 # default 0), LR (peak learning rate, default 6e-4), DFLASH_LAYERS /
-# DFLASH_INTERMEDIATE (the DFlash drafter's shape, default 3 / 704: ~14.6 MB in bf16; the bundled drafters
+# DFLASH_INTERMEDIATE (the DFlash drafter's shape, default 5 / 1024, the shipped one: ~14.4 MB in int8; the bundled drafters
 # together may take 25 MB, EAGLE-3's head 9.7 of them; with INIT_FROM_ASSETS=1 a larger shape grows the shipped
 # drafter without changing its function: appended layers and widened MLPs start at zero output),
-# EXPORT_FORMAT (bfloat16, default, or int8: weight-only int8 with a scale per output row, half the size, for
-# specserve only; the demo drafter stored that way validated within 0.001 chain_tau of bf16),
+# EXPORT_FORMAT (both drafters' storage, bfloat16 or int8: weight-only int8 with a scale per output row, half the
+# size, for specserve only, validated within 0.001 chain_tau of bf16; unset: DFlash int8 and EAGLE-3 bfloat16, as
+# shipped),
 # BATCH_SIZE (sequences per step, default 32), EXTRA_DATA (more samples files to train on beside DATA_FILE's, e.g.
 # an earlier run's sampled set),
 # SAMPLED_REPEATS (R > 0 adds a second data set of sampled answers, appended to the greedy one: the gsm8k_train
@@ -100,7 +101,7 @@ EAGLE_TIME=$((TRAIN_TIME * ${EAGLE_TIME_PCT:-100} / 100))
 echo "[demo] training budget $TRAIN_TIME s (EAGLE-3: $EAGLE_TIME s)" >&2
 COMMON=(--target "$SMOLLM2_GGUF" --data "${DATA[@]}" --batch-size "${BATCH_SIZE:-32}" --max-length 1536
         --epochs 100 --lr "${LR:-6e-4}" --warmup-ratio 0.04 --save-every 0 --log-every 20 --seed 0 --no-progress
-        --weight-decay "${WEIGHT_DECAY:-0}" --export-format "${EXPORT_FORMAT:-bfloat16}")
+        --weight-decay "${WEIGHT_DECAY:-0}")
 [ -z "${VAL_DATA:-}" ] || COMMON+=(--val-data "$VAL_DATA" --eval-every "${EVAL_EVERY:-200}")
 INIT_D=(); INIT_E=()
 if [ "${INIT_FROM_ASSETS:-0}" = 1 ]; then
@@ -111,13 +112,14 @@ if [ "${INIT_FROM_ASSETS:-0}" = 1 ]; then
     fi
 fi
 $TRAIN dflash --max-time "$TRAIN_TIME" "${COMMON[@]}" "${INIT_D[@]}" --output "$ASSETS/smollm2-135m-dflash" --work-dir "$WORK/dflash" \
-    --num-layers "${DFLASH_LAYERS:-3}" --intermediate-size "${DFLASH_INTERMEDIATE:-704}" --block-size 16 --num-anchors 256 --max-steps "$DFLASH_STEPS" \
+    --export-format "${EXPORT_FORMAT:-int8}" \
+    --num-layers "${DFLASH_LAYERS:-5}" --intermediate-size "${DFLASH_INTERMEDIATE:-1024}" --block-size 16 --num-anchors 256 --max-steps "$DFLASH_STEPS" \
     > "$WORK/dflash.log" 2>&1 &
 PID_D=$!
 PID_E=
 if [ "$EAGLE_TIME" -gt 0 ]; then
     $TRAIN eagle3 --max-time "$EAGLE_TIME" "${COMMON[@]}" "${INIT_E[@]}" --output "$ASSETS/smollm2-135m-eagle3" --work-dir "$WORK/eagle3" \
-        --intermediate-size 1280 --ttt-steps 7 --max-steps "$EAGLE_STEPS" \
+        --export-format "${EXPORT_FORMAT:-bfloat16}" --intermediate-size 1280 --ttt-steps 7 --max-steps "$EAGLE_STEPS" \
         > "$WORK/eagle3.log" 2>&1 &
     PID_E=$!
 fi

@@ -19,7 +19,7 @@ from test_server import free_port, metric_value
 from specserve.assets import DEMO_DFLASH, DEMO_EAGLE3, default_speculative_config
 from specserve.loading.demo import demo_target_path
 
-MAX_DRAFTER_BYTES = 25 * 2**20
+MAX_DRAFTER_BYTES = 25_000_000  # the "at most 25 MB" for all drafter files together
 
 
 def test_bundled_drafters_are_small_trained_and_default() -> None:
