@@ -226,8 +226,8 @@ def main() -> int:
     sweep = []
     if a.gemv_sweep is not None and CUDA:
         cfgs = ["nine-kernel", "default"] + (a.gemv_sweep or [
-            "16,256,4,3", "16,512,4,3", "16,128,4,4", "32,256,4,3", "16,256,8,3",
-            "16,256,4,3,fma", "8,1024,4,1,fma", "4,1024,4,1,fma", "2,1024,4,1,fma", "1,1024,4,1,fma",
+            "16,256,4,3", "16,256,4,2", "8,1024,4,1,fma", "8,1024,4,1,fma,1pass", "4,1024,4,1,fma",
+            "4,1024,8,1,fma,1pass", "16,1024,8,1,1pass;16,256,4,2", "32,1024,8,1,1pass;16,256,4,2",
         ])  # fmt: skip
 
         def logits() -> torch.Tensor:
@@ -237,9 +237,7 @@ def main() -> int:
         saved = {k: os.environ.get(k) for k in ("SPECSERVE_TRITON_GEMV", "SPECSERVE_GEMV_CFG")}
         os.environ["SPECSERVE_TRITON_GEMV"] = "0"
         ref = logits()
-        print(
-            "\nsix-kernel layer (SPECSERVE_TRITON_GEMV=1) per launch config vs the nine-kernel layer (=0):"
-        )
+        print("\nsix-kernel layer (SPECSERVE_TRITON_GEMV=1) per launch config vs the nine-kernel layer (=0):")
         for c in cfgs:
             os.environ["SPECSERVE_TRITON_GEMV"] = "0" if c == "nine-kernel" else "1"
             os.environ.pop("SPECSERVE_GEMV_CFG", None)

@@ -35,7 +35,9 @@ def _close(y: torch.Tensor, ref: torch.Tensor) -> None:
         torch.testing.assert_close(y.float(), ref.float(), atol=1e-3, rtol=1 / 128)
 
 
-@pytest.mark.parametrize("cfg", [None, "16,64,4,2,fma", "16,256,4,3"])
+@pytest.mark.parametrize(
+    "cfg", [None, "16,64,4,2,fma", "16,256,4,3", "8,256,4,1,fma,1pass", "16,256,4,1,1pass"]
+)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("m", [1, 3, 16])
 def test_prologues_match_the_fused_kernels(dtype, m, cfg, monkeypatch):
@@ -202,14 +204,56 @@ def test_where_the_six_kernel_layer_runs_and_its_default_tiles(monkeypatch):
     with pytest.raises(ValueError, match="auto, 1 or 0"):
         tg.max_rows(cpu, 576)
     monkeypatch.delenv("SPECSERVE_GEMV_CFG", raising=False)
-    assert tg._config(1, 576) == (8, 1024, 4, 1, False)  # the best of the session-8 sweep on SmolLM2
+    assert tg._config(1, 576) == (8, 1024, 4, 1, False, False)  # the best of the session-8 sweep on SmolLM2
     assert tg._config(1, 1536)[:2] == (8, 1024)
     for m in range(1, 17):
-        bn, bk, _, _, use_dot = tg._config(m, 576)
-        assert not use_dot and bn >= 1 and bn * bk * triton_next_pow2(m) <= 8192
+        bn, bk, _, _, use_dot, one_pass = tg._config(m, 576)
+        assert not use_dot and not one_pass and bn >= 1 and bn * bk * triton_next_pow2(m) <= 8192
     assert tg._config(16, 576)[:2] == (1, 512) and tg._config(2, 64)[:2] == (16, 64)
     monkeypatch.setenv("SPECSERVE_GEMV_CFG", "16,256,4,3")
-    assert tg._config(1, 576) == (16, 256, 4, 3, True)
+    assert tg._config(1, 576) == (16, 256, 4, 3, True, False)
+    monkeypatch.setenv("SPECSERVE_GEMV_CFG", "8,1024,4,1,fma,1pass")
+    assert tg._config(1, 576) == (8, 1024, 4, 1, False, True)
+    monkeypatch.setenv(
+        "SPECSERVE_GEMV_CFG", "16,1024,8,1,1pass;16,256,4,2"
+    )  # by K: one tile or the second config
+    assert tg._config(16, 576) == (16, 1024, 8, 1, True, True)
+    assert tg._config(16, 1536) == (16, 256, 4, 2, True, False)
+    for bad, msg in (
+        ("8,1024,4,1,fast", "unknown flags"),
+        ("8,1024", "expected"),
+        ("1,2,3,4;1,2,3,4;1,2,3,4", "two"),
+    ):
+        monkeypatch.setenv("SPECSERVE_GEMV_CFG", bad)
+        with pytest.raises(ValueError, match=msg):
+            tg._config(1, 576)
+
+
+@pytest.mark.parametrize("m", [1, 3])
+def test_one_pass_gives_the_two_pass_values_bit_for_bit(m, monkeypatch):
+    """``1pass`` (K within one tile: the norm statistics from the GEMM's own input tile, one round of loads) computes
+    exactly what the statistics loop + main loop compute over the same single tile, for every prologue."""
+    g = torch.Generator().manual_seed(7 + m)
+    n, k = 24, 200
+    x = torch.randn(m, 2 * k, generator=g).to(torch.bfloat16)
+    res = torch.randn(m, k, generator=g).to(torch.bfloat16)
+    nw = (1 + 0.1 * torch.randn(k, generator=g)).to(torch.bfloat16)
+    w = (0.05 * torch.randn(n, k, generator=g)).to(torch.bfloat16)
+    xk = x[:, :k].contiguous()
+    cases = [
+        dict(x=xk),
+        dict(x=xk, norm_weight=nw, eps=1e-5),
+        dict(x=xk, residual=res, norm_weight=nw, eps=1e-5),
+        dict(x=x, silu_mul=True),
+    ]
+    for fma in (",fma", ""):
+        outs = {}
+        for flag in ("", ",1pass"):
+            monkeypatch.setenv("SPECSERVE_GEMV_CFG", f"8,256,4,1{fma}{flag}")
+            outs[flag] = [tg.gemv(kw.pop("x"), w, **kw) for kw in [dict(c) for c in cases]]
+        for (y2, r2), (y1, r1) in zip(outs[""], outs[",1pass"]):
+            assert torch.equal(y1, y2)
+            assert (r1 is None) == (r2 is None) and (r1 is None or torch.equal(r1, r2))
 
 
 def triton_next_pow2(m: int) -> int:
@@ -230,9 +274,9 @@ ptrs = {n: "bf16" for n in ("x_ptr", "r_ptr", "nw_ptr", "w_ptr", "y_ptr", "res_o
 
 
 def stack_bytes(m, k, pro, cfg):
-    bn, bk, nw, ns, use_dot = cfg
+    bn, bk, nw, ns, use_dot, one_pass = cfg
     const = dict(PRO=pro, MODE=_BF16, BLOCK_M=tg.MAX_ROWS if use_dot else triton.next_power_of_2(m), BLOCK_N=bn,
-                 BLOCK_K=bk, NUM_STAGES=ns, EXACT_DOT=False, USE_DOT=use_dot)
+                 BLOCK_K=bk, NUM_STAGES=ns, EXACT_DOT=False, USE_DOT=use_dot, ONE_PASS=one_pass and k <= bk)
     sig = {n: ("*" + ptrs[n]) if n in ptrs else "constexpr" if n in const else "fp32" if n == "eps" else "i32"
            for n in fn.arg_names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names) if n in ptrs}
@@ -249,7 +293,7 @@ def stack_bytes(m, k, pro, cfg):
 for m, k, pro in [(1, 576, 2), (1, 1536, 3), (4, 576, 2), (16, 576, 2), (16, 1536, 3)]:
     assert stack_bytes(m, k, pro, tg._config(m, k)) == 0, (m, k, pro, tg._config(m, k))
 # the check can fail: the one-row tile at 16 rows is what made DFlash's 16-row steps crawl on the H200
-assert stack_bytes(16, 576, 2, (8, 1024, 4, 1, False)) > 0
+assert stack_bytes(16, 576, 2, (8, 1024, 4, 1, False, False)) > 0
 print("OK")
 """
 

@@ -58,25 +58,41 @@ def max_rows(x: torch.Tensor, hidden_size: int) -> int:
     raise ValueError(f"SPECSERVE_TRITON_GEMV must be auto, 1 or 0, got {v!r}")
 
 
-def _config(m: int, k: int) -> tuple[int, int, int, int, bool]:
-    """(BLOCK_N, BLOCK_K, num_warps, num_stages, use tl.dot) for ``m`` rows and ``k`` inputs.
+def _config(m: int, k: int) -> tuple[int, int, int, int, bool, bool]:
+    """(BLOCK_N, BLOCK_K, num_warps, num_stages, use tl.dot, one pass) for ``m`` rows and ``k`` inputs.
 
-    ``SPECSERVE_GEMV_CFG="BN,BK,W,S[,fma]"`` if set (``fma``: CUDA-core multiply-and-reduce over a tile of
-    next_pow2(m) rows; without it a 16-row ``tl.dot``). Default: the CUDA-core tile with one pass over K up to
-    1024 inputs (the K loop's dependent loads are what a launch-bound step waits on: at SmolLM2's K = 576, BLOCK_K
-    1024 took 0.78 ms per step vs 0.92 at 512 and 1.89 at 128) and as many output columns as keep the tile at
-    :data:`_TILE` products (8 at one row: the best of the session-8 sweep; fewer as rows grow, then a shorter K step:
-    it never spills).
+    ``SPECSERVE_GEMV_CFG="BN,BK,W,S[,fma][,1pass]"`` if set (``fma``: CUDA-core multiply-and-reduce over a tile of
+    next_pow2(m) rows; without it a 16-row ``tl.dot``; ``1pass``: where K <= BLOCK_K, one round of loads with the
+    norm statistics taken from the GEMM's own input tile instead of a statistics loop first; same values); two
+    configs ``"A;B"``: A for the GEMMs whose K fits one A tile, B for the others (tuning: a tile that fits K = 576
+    in one pass may spill at K = 1536). Default: the CUDA-core tile with one pass over K up to 1024 inputs (the K
+    loop's dependent loads are what a launch-bound step waits on: at SmolLM2's K = 576, BLOCK_K 1024 took 0.78 ms
+    per step vs 0.92 at 512 and 1.89 at 128) and as many output columns as keep the tile at :data:`_TILE` products
+    (8 at one row: the best of the session-8 sweep; fewer as rows grow, then a shorter K step: it never spills);
+    ``1pass`` off until measured on a GPU.
     """
     raw = os.environ.get("SPECSERVE_GEMV_CFG")
     if raw:
-        parts = raw.split(",")
-        bn, bk, nw, ns = (int(v) for v in parts[:4])
-        return bn, bk, nw, ns, not (len(parts) > 4 and parts[4].strip() == "fma")
+        cfgs = [_parse_config(c, raw) for c in raw.split(";")]
+        if len(cfgs) > 2:
+            raise ValueError(f"SPECSERVE_GEMV_CFG: at most two configs ('A;B'), got {raw!r}")
+        return cfgs[0] if k <= cfgs[0][1] or len(cfgs) == 1 else cfgs[1]
     mp = triton.next_power_of_2(max(m, 1))
     bk = min(triton.next_power_of_2(max(k, 16)), 1024, _TILE // mp)
     bn = max(1, min(16, _TILE // (bk * mp)))
-    return bn, bk, 4, 1, False
+    return bn, bk, 4, 1, False, False
+
+
+def _parse_config(text: str, raw: str) -> tuple[int, int, int, int, bool, bool]:
+    parts = [p.strip() for p in text.split(",")]
+    try:
+        bn, bk, nw, ns = (int(v) for v in parts[:4])
+    except ValueError:
+        raise ValueError(f"SPECSERVE_GEMV_CFG: expected 'BN,BK,W,S[,fma][,1pass]', got {raw!r}") from None
+    flags = set(parts[4:])
+    if flags - {"fma", "1pass"}:
+        raise ValueError(f"SPECSERVE_GEMV_CFG: unknown flags {sorted(flags - {'fma', '1pass'})} in {raw!r}")
+    return bn, bk, nw, ns, "fma" not in flags, "1pass" in flags
 
 
 @triton.jit
@@ -95,6 +111,18 @@ def _prologue(x_ptr, r_ptr, nw_ptr, rows, offs_k, mask2, stride_x, stride_r, K, 
         w = tl.load(nw_ptr + offs_k, mask=offs_k < K, other=0.0).to(tl.float32)
         x = _round(w[None, :] * _round(x * rstd[:, None], MODE), MODE)
     return x
+
+
+@triton.jit
+def _mac(acc, x, w, USE_DOT: tl.constexpr, MODE: tl.constexpr, EXACT_DOT: tl.constexpr):
+    """acc += x @ w.T for an input tile x [BLOCK_M, BLOCK_K] (fp32 holding model-dtype values), w [BLOCK_N, BLOCK_K]."""
+    if not USE_DOT:  # [BLOCK_M, 1, BLOCK_K] * [1, BLOCK_N, BLOCK_K], reduced over K on the CUDA cores
+        acc += tl.sum(x[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
+    elif MODE == 0 or EXACT_DOT:  # fp32 models; the interpreter (its bf16 dot is not reliable)
+        acc += tl.dot(x, tl.trans(w.to(tl.float32)), input_precision="ieee")
+    else:  # tensor cores: bf16/fp16 operands (x holds model-dtype values: exact), fp32 accumulation
+        acc += tl.dot(x.to(w.dtype), tl.trans(w))
+    return acc
 
 
 @triton.jit
@@ -122,6 +150,7 @@ def _gemv_kernel(
     NUM_STAGES: tl.constexpr,
     EXACT_DOT: tl.constexpr,
     USE_DOT: tl.constexpr,
+    ONE_PASS: tl.constexpr,  # K <= BLOCK_K: one K tile, whose norm statistics come from the GEMM's own input tile
 ):
     pid = tl.program_id(0)
     offs_m = tl.arange(0, BLOCK_M)
@@ -130,32 +159,48 @@ def _gemv_kernel(
     mask_n = offs_n < N
     rows = offs_m[:, None].to(tl.int64)
     rstd = tl.zeros([BLOCK_M], dtype=tl.float32)
-    if PRO == 1 or PRO == 2:
-        ss = tl.zeros([BLOCK_M], dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            offs_k = k0 + tl.arange(0, BLOCK_K)
-            mask2 = mask_m[:, None] & (offs_k[None, :] < K)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    wrows = offs_n[:, None].to(tl.int64) * stride_w
+    if ONE_PASS:  # one round of loads (weights, activations, residual, norm weights), no statistics loop
+        offs_k = tl.arange(0, BLOCK_K)
+        mk = offs_k < K
+        mask2 = mask_m[:, None] & mk[None, :]
+        w = tl.load(w_ptr + wrows + offs_k[None, :], mask=mask_n[:, None] & mk[None, :], other=0.0)
+        if PRO == 1 or PRO == 2:
             x = tl.load(x_ptr + rows * stride_x + offs_k[None, :], mask=mask2, other=0.0).to(tl.float32)
             if PRO == 2:
                 r = tl.load(r_ptr + rows * stride_r + offs_k[None, :], mask=mask2, other=0.0).to(tl.float32)
                 x = _round(x + r, MODE)  # h = h + x in the model dtype
                 if pid == 0:
                     tl.store(res_out_ptr + rows * stride_ro + offs_k[None, :], x.to(res_out_ptr.dtype.element_ty), mask=mask2)  # fmt: skip
-            ss += tl.sum(x * x, 1)
-        rstd = tl.math.rsqrt(ss / K + eps)
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    wrows = offs_n[:, None].to(tl.int64) * stride_w
-    for k0 in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
-        offs_k = k0 + tl.arange(0, BLOCK_K)
-        mk = offs_k < K
-        x = _prologue(x_ptr, r_ptr, nw_ptr, rows, offs_k, mask_m[:, None] & mk[None, :], stride_x, stride_r, K, rstd, PRO, MODE)  # fmt: skip
-        w = tl.load(w_ptr + wrows + offs_k[None, :], mask=mask_n[:, None] & mk[None, :], other=0.0)
-        if not USE_DOT:  # [BLOCK_M, 1, BLOCK_K] * [1, BLOCK_N, BLOCK_K], reduced over K on the CUDA cores
-            acc += tl.sum(x[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
-        elif MODE == 0 or EXACT_DOT:  # fp32 models; the interpreter (its bf16 dot is not reliable)
-            acc += tl.dot(x, tl.trans(w.to(tl.float32)), input_precision="ieee")
-        else:  # tensor cores: bf16/fp16 operands (x holds model-dtype values: exact), fp32 accumulation
-            acc += tl.dot(x.to(w.dtype), tl.trans(w))
+            rstd = tl.math.rsqrt(tl.sum(x * x, 1) / K + eps)
+            nw = tl.load(nw_ptr + offs_k, mask=mk, other=0.0).to(tl.float32)
+            x = _round(nw[None, :] * _round(x * rstd[:, None], MODE), MODE)
+        else:
+            x = _prologue(x_ptr, r_ptr, nw_ptr, rows, offs_k, mask2, stride_x, stride_r, K, rstd, PRO, MODE)
+        acc = _mac(acc, x, w, USE_DOT, MODE, EXACT_DOT)
+    else:
+        if PRO == 1 or PRO == 2:
+            ss = tl.zeros([BLOCK_M], dtype=tl.float32)
+            for k0 in range(0, K, BLOCK_K):
+                offs_k = k0 + tl.arange(0, BLOCK_K)
+                mask2 = mask_m[:, None] & (offs_k[None, :] < K)
+                x = tl.load(x_ptr + rows * stride_x + offs_k[None, :], mask=mask2, other=0.0).to(tl.float32)
+                if PRO == 2:
+                    r = tl.load(r_ptr + rows * stride_r + offs_k[None, :], mask=mask2, other=0.0).to(
+                        tl.float32
+                    )
+                    x = _round(x + r, MODE)  # h = h + x in the model dtype
+                    if pid == 0:
+                        tl.store(res_out_ptr + rows * stride_ro + offs_k[None, :], x.to(res_out_ptr.dtype.element_ty), mask=mask2)  # fmt: skip
+                ss += tl.sum(x * x, 1)
+            rstd = tl.math.rsqrt(ss / K + eps)
+        for k0 in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
+            offs_k = k0 + tl.arange(0, BLOCK_K)
+            mk = offs_k < K
+            x = _prologue(x_ptr, r_ptr, nw_ptr, rows, offs_k, mask_m[:, None] & mk[None, :], stride_x, stride_r, K, rstd, PRO, MODE)  # fmt: skip
+            w = tl.load(w_ptr + wrows + offs_k[None, :], mask=mask_n[:, None] & mk[None, :], other=0.0)
+            acc = _mac(acc, x, w, USE_DOT, MODE, EXACT_DOT)
     tl.store(
         y_ptr + rows * stride_y + offs_n[None, :],
         acc.to(y_ptr.dtype.element_ty),
@@ -198,7 +243,7 @@ def gemv(
         raise ValueError("gemv: residual must match x")
     if m == 0:
         return y, (res_out if pro == _ADD_NORM else (x if pro == _NORM else None))
-    bn, bk, nw, ns, use_dot = _config(m, k)
+    bn, bk, nw, ns, use_dot, one_pass = _config(m, k)
     block_m = MAX_ROWS if use_dot else max(1, triton.next_power_of_2(m))
     r = residual if residual is not None else x
     ro = res_out if res_out is not None else x
@@ -226,6 +271,7 @@ def gemv(
         NUM_STAGES=ns,
         EXACT_DOT=os.environ.get("TRITON_INTERPRET", "0") == "1",
         USE_DOT=use_dot,
+        ONE_PASS=one_pass and k <= bk,
         num_warps=nw,
     )
     if pro == _ADD_NORM:
