@@ -6,10 +6,11 @@
 # alpaca.jsonl (copies of ../shared/data/{mt_bench_question,gsm8k_test,math500_test}.jsonl, HumanEval.jsonl.gz
 # unpacked, eagle/alpaca.jsonl).
 # Time caps (EVAL_TIME 150 + GPU_TIME 280 + E2E_TIME 150 s < one 10-minute call; session 5: the acceptance part took
-# ~50 s, HF's static cache compiles for ~100 s inside GPU_TIME, hence HF_TIME 170; GPU_TIME=0 / E2E_TIME=0 skip
+# ~50 s, HF's static cache compiles for ~100 s inside GPU_TIME, hence HF_TIME 200 (two prompt sets); GPU_TIME=0 / E2E_TIME=0 skip
 # parts 2 / 3):
 # 1. acceptance length + speedup per held-out set: DFlash K=15/4, EAGLE-3 K=4/7 (greedy, bf16, batch 8)
-# 2. benchmarks/smollm2_gpu.py: graphs == eager outputs, batch-1 tok/s vs HF transformers (eager / static)
+# 2. benchmarks/smollm2_gpu.py: graphs == eager outputs, batch-1 tok/s vs HF transformers (eager / static), on the
+#    script's chat prompts and the first two gsm8k_test prompts
 # 3. benchmarks/serve_e2e.sh: bench serve through the HTTP server, with and without DFlash, concurrency 1-4
 set -uo pipefail
 GGUF=$1; DRAFT=$2; DATA=$3; OUT=$4
@@ -26,7 +27,7 @@ timeout "${EVAL_TIME:-150}" python -m specserve eval-acceptance --model "$GGUF" 
     2>&1 | grep -v '^{' | tee "$OUT/eval_acceptance-h200.log"
 echo "[eval] acceptance done at $(( $(date +%s) - T0 )) s" >&2
 [ "${GPU_TIME:-280}" -gt 0 ] && timeout "${GPU_TIME:-280}" python benchmarks/smollm2_gpu.py --gguf "$GGUF" --dflash "$D" --eagle3 "$E" \
-    --hf-timeout "${HF_TIME:-170}" --only plain "dflash K=15" "eagle3 K=7" --out "$OUT/smollm2_gpu-h200.json" 2>&1 | grep -v "^INFO\|it/s\]" | tee "$OUT/smollm2_gpu-h200.log"
+    --hf-timeout "${HF_TIME:-200}" --timed-file "$DATA/gsm8k_test.jsonl:2" --only plain "dflash K=15" "eagle3 K=7" --out "$OUT/smollm2_gpu-h200.json" 2>&1 | grep -v "^INFO\|it/s\]" | tee "$OUT/smollm2_gpu-h200.log"
 echo "[eval] smollm2_gpu done at $(( $(date +%s) - T0 )) s" >&2
 [ "${E2E_TIME:-150}" -gt 0 ] && OUTPUT_LEN=128 CONCURRENCY="1 2 4" timeout "${E2E_TIME:-150}" bash benchmarks/serve_e2e.sh "$GGUF" \
     "$DATA/mt_bench_question.jsonl" "$OUT/e2e" 16 \
