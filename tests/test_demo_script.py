@@ -101,6 +101,10 @@ def test_demo_recipe_runs_end_to_end(tmp_path):
         )
         assert files[1]["generation"]["temperature"] == 0.9 and files[0]["generation"]["temperature"] == 0.0
         assert (out / "assets" / f"smollm2-135m-{method}" / "model.safetensors").is_file()
+    # unset EXPORT_FORMAT stores as shipped: DFlash int8, EAGLE-3 bf16
+    quant = {m: json.loads((assets / f"smollm2-135m-{m}" / "config.json").read_text()).get("quantization_config")
+             for m in ("dflash", "eagle3")}  # fmt: skip
+    assert quant["dflash"]["quant_method"] == "specserve_int8_rows" and quant["eagle3"] is None
     sampled = [json.loads(ln) for ln in gzip.open(out / "data-sampled.jsonl.gz", "rt")]
     assert all(r["loss_mask"].count(0) > 0 for r in sampled)
 

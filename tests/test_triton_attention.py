@@ -439,29 +439,15 @@ def test_select_attention_config_packs_queries_and_heads(
 
 
 _HOPPER_COMPILE_SCRIPT = r"""
-import os, re, subprocess, sys, tempfile
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
 import specserve.layers.triton_attention as ta
-
-BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+from sm90 import compile_sm90
 
 
 def build(fn, ptrs, const, num_warps, num_stages=3, plain=("stride_bt", "num_kv_heads")):
     # Mimic the JIT's specialisation: pointers and strides divisible by 16 (true for real caches).
-    sig = {n: ("*" + ptrs[n]) if n in ptrs else "constexpr" if n in const else "fp32" if n == "qk_scale" else "i32"
-           for n in fn.arg_names}
-    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
-             if sig[n] not in ("constexpr", "fp32") and n not in plain}
-    k = triton.compile(ASTSource(fn, sig, const, attrs), target=GPUTarget("cuda", 90, 32),
-                       options={"num_warps": num_warps, "num_stages": num_stages})
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(k.asm["cubin"]); f.flush()
-        usage = subprocess.run([BIN, "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
-    m = re.search(r"REG:(\d+) STACK:(\d+)", usage)
-    print(fn.__name__, const.get("BLOCK_M"), const.get("NUM_SPLITS"), const.get("FUSED_MERGE"), m.group(0))
-    assert int(m.group(2)) == 0, f"register spills: {usage}"
+    k, reg, stack = compile_sm90(fn, ptrs, const, num_warps, num_stages, floats=("qk_scale",), not_divisible=plain)
+    print(fn.__name__, const.get("BLOCK_M"), const.get("NUM_SPLITS"), const.get("FUSED_MERGE"), f"REG:{reg} STACK:{stack}")
+    assert stack == 0, f"register spills: {fn.__name__} {const}"
     return k
 
 
@@ -489,14 +475,6 @@ print("OK")
 
 def test_kernels_compile_for_hopper_without_spills() -> None:
     """The interpreter accepts code the compiler rejects: compile the GPU path for sm_90 (no GPU needed)."""
-    import subprocess
-    import sys
+    from sm90 import run_script
 
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["TRITON_DEFAULT_FP_FUSION"] = "1"
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
-    proc = subprocess.run(
-        [sys.executable, "-c", _HOPPER_COMPILE_SCRIPT], capture_output=True, text=True, env=env, timeout=300
-    )
-    assert proc.returncode == 0 and proc.stdout.strip().endswith("OK"), proc.stdout + proc.stderr
+    run_script(_HOPPER_COMPILE_SCRIPT)

@@ -13,7 +13,7 @@ import importlib
 import pytest
 import torch
 
-pytest.importorskip("triton")
+triton = pytest.importorskip("triton")
 
 from specserve.layers import triton_fused as tf  # noqa: E402
 from specserve.layers import triton_gemv as tg  # noqa: E402
@@ -208,7 +208,7 @@ def test_where_the_six_kernel_layer_runs_and_its_default_tiles(monkeypatch):
     assert tg._config(1, 1536)[:2] == (8, 1024)
     for m in range(1, 17):
         bn, bk, _, _, use_dot, one_pass = tg._config(m, 576)
-        assert not use_dot and not one_pass and bn >= 1 and bn * bk * triton_next_pow2(m) <= 8192
+        assert not use_dot and not one_pass and bn >= 1 and bn * bk * triton.next_power_of_2(m) <= 8192
     assert tg._config(16, 576)[:2] == (1, 512) and tg._config(2, 64)[:2] == (16, 64)
     monkeypatch.setenv("SPECSERVE_GEMV_CFG", "16,256,4,3")
     assert tg._config(1, 576) == (16, 256, 4, 3, True, False)
@@ -256,20 +256,12 @@ def test_one_pass_gives_the_two_pass_values_bit_for_bit(m, monkeypatch):
             assert (r1 is None) == (r2 is None) and (r1 is None or torch.equal(r1, r2))
 
 
-def triton_next_pow2(m: int) -> int:
-    return 1 << (m - 1).bit_length()
-
-
 _HOPPER_GEMV_SCRIPT = r"""
-import os, re, subprocess, tempfile
 import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
 import specserve.layers.triton_gemv as tg
 from specserve.layers.triton_fused import _BF16
+from sm90 import compile_sm90
 
-BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-fn = tg._gemv_kernel
 ptrs = {n: "bf16" for n in ("x_ptr", "r_ptr", "nw_ptr", "w_ptr", "y_ptr", "res_out_ptr")}
 
 
@@ -277,15 +269,7 @@ def stack_bytes(m, k, pro, cfg):
     bn, bk, nw, ns, use_dot, one_pass = cfg
     const = dict(PRO=pro, MODE=_BF16, BLOCK_M=tg.MAX_ROWS if use_dot else triton.next_power_of_2(m), BLOCK_N=bn,
                  BLOCK_K=bk, NUM_STAGES=ns, EXACT_DOT=False, USE_DOT=use_dot, ONE_PASS=one_pass and k <= bk)
-    sig = {n: ("*" + ptrs[n]) if n in ptrs else "constexpr" if n in const else "fp32" if n == "eps" else "i32"
-           for n in fn.arg_names}
-    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names) if n in ptrs}
-    kern = triton.compile(ASTSource(fn, sig, const, attrs), target=GPUTarget("cuda", 90, 32),
-                          options={"num_warps": nw, "num_stages": ns})
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(kern.asm["cubin"]); f.flush()
-        usage = subprocess.run([BIN, "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
-    return int(re.search(r"REG:\d+ STACK:(\d+)", usage).group(1))
+    return compile_sm90(tg._gemv_kernel, ptrs, const, nw, ns, floats=("eps",), divisible_ints=False)[2]
 
 
 # the default tile for each row count the layer takes, on SmolLM2's GEMMs (add+norm prologue at K=576, SiLU-mul at
@@ -301,14 +285,6 @@ print("OK")
 def test_default_gemv_tiles_compile_for_hopper_without_spills() -> None:
     """The default launch configs compile for sm_90 (no GPU needed) without register spills; the old one-size tile
     at 16 rows did spill (on the H200 DFlash ran 4.7x slower with it)."""
-    import subprocess
-    import sys
+    from sm90 import run_script
 
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["TRITON_DEFAULT_FP_FUSION"] = "1"
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
-    proc = subprocess.run(
-        [sys.executable, "-c", _HOPPER_GEMV_SCRIPT], capture_output=True, text=True, env=env, timeout=300
-    )
-    assert proc.returncode == 0 and proc.stdout.strip().endswith("OK"), proc.stdout + proc.stderr
+    run_script(_HOPPER_GEMV_SCRIPT)

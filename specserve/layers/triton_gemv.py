@@ -96,6 +96,26 @@ def _parse_config(text: str, raw: str) -> tuple[int, int, int, int, bool, bool]:
 
 
 @triton.jit
+def _stream_in(x_ptr, r_ptr, res_out_ptr, rows, offs_k, mask2, stride_x, stride_r, stride_ro, pid, PRO: tl.constexpr, MODE: tl.constexpr, STORE: tl.constexpr):  # fmt: skip
+    """The residual-stream tile in fp32: ``x``, or ``h = residual + x`` rounded to the model dtype (add prologue),
+    which program 0 also writes out as the new residual when ``STORE``."""
+    x = tl.load(x_ptr + rows * stride_x + offs_k[None, :], mask=mask2, other=0.0).to(tl.float32)
+    if PRO == 2:
+        r = tl.load(r_ptr + rows * stride_r + offs_k[None, :], mask=mask2, other=0.0).to(tl.float32)
+        x = _round(x + r, MODE)  # h = h + x in the model dtype
+        if STORE and pid == 0:
+            tl.store(res_out_ptr + rows * stride_ro + offs_k[None, :], x.to(res_out_ptr.dtype.element_ty), mask=mask2)  # fmt: skip
+    return x
+
+
+@triton.jit
+def _normed(x, nw_ptr, offs_k, K, rstd, MODE: tl.constexpr):
+    """RMSNorm of a stream tile given its rows' 1/rms, rounded as the eager path rounds."""
+    w = tl.load(nw_ptr + offs_k, mask=offs_k < K, other=0.0).to(tl.float32)
+    return _round(w[None, :] * _round(x * rstd[:, None], MODE), MODE)
+
+
+@triton.jit
 def _prologue(x_ptr, r_ptr, nw_ptr, rows, offs_k, mask2, stride_x, stride_r, K, rstd, PRO: tl.constexpr, MODE: tl.constexpr):  # fmt: skip
     """The GEMM input tile [BLOCK_M, BLOCK_K] in fp32, holding model-dtype values (rounded as the eager path)."""
     if PRO == 3:
@@ -103,13 +123,9 @@ def _prologue(x_ptr, r_ptr, nw_ptr, rows, offs_k, mask2, stride_x, stride_r, K, 
         u = tl.load(x_ptr + rows * stride_x + K + offs_k[None, :], mask=mask2, other=0.0).to(tl.float32)
         s = _round(g / (1.0 + tl.exp(-g)), MODE)
         return _round(s * u, MODE)
-    x = tl.load(x_ptr + rows * stride_x + offs_k[None, :], mask=mask2, other=0.0).to(tl.float32)
-    if PRO == 2:
-        r = tl.load(r_ptr + rows * stride_r + offs_k[None, :], mask=mask2, other=0.0).to(tl.float32)
-        x = _round(x + r, MODE)
+    x = _stream_in(x_ptr, r_ptr, x_ptr, rows, offs_k, mask2, stride_x, stride_r, 0, 0, PRO, MODE, False)
     if PRO >= 1:
-        w = tl.load(nw_ptr + offs_k, mask=offs_k < K, other=0.0).to(tl.float32)
-        x = _round(w[None, :] * _round(x * rstd[:, None], MODE), MODE)
+        x = _normed(x, nw_ptr, offs_k, K, rstd, MODE)
     return x
 
 
@@ -167,15 +183,9 @@ def _gemv_kernel(
         mask2 = mask_m[:, None] & mk[None, :]
         w = tl.load(w_ptr + wrows + offs_k[None, :], mask=mask_n[:, None] & mk[None, :], other=0.0)
         if PRO == 1 or PRO == 2:
-            x = tl.load(x_ptr + rows * stride_x + offs_k[None, :], mask=mask2, other=0.0).to(tl.float32)
-            if PRO == 2:
-                r = tl.load(r_ptr + rows * stride_r + offs_k[None, :], mask=mask2, other=0.0).to(tl.float32)
-                x = _round(x + r, MODE)  # h = h + x in the model dtype
-                if pid == 0:
-                    tl.store(res_out_ptr + rows * stride_ro + offs_k[None, :], x.to(res_out_ptr.dtype.element_ty), mask=mask2)  # fmt: skip
+            x = _stream_in(x_ptr, r_ptr, res_out_ptr, rows, offs_k, mask2, stride_x, stride_r, stride_ro, pid, PRO, MODE, True)  # fmt: skip
             rstd = tl.math.rsqrt(tl.sum(x * x, 1) / K + eps)
-            nw = tl.load(nw_ptr + offs_k, mask=mk, other=0.0).to(tl.float32)
-            x = _round(nw[None, :] * _round(x * rstd[:, None], MODE), MODE)
+            x = _normed(x, nw_ptr, offs_k, K, rstd, MODE)
         else:
             x = _prologue(x_ptr, r_ptr, nw_ptr, rows, offs_k, mask2, stride_x, stride_r, K, rstd, PRO, MODE)
         acc = _mac(acc, x, w, USE_DOT, MODE, EXACT_DOT)
@@ -185,14 +195,7 @@ def _gemv_kernel(
             for k0 in range(0, K, BLOCK_K):
                 offs_k = k0 + tl.arange(0, BLOCK_K)
                 mask2 = mask_m[:, None] & (offs_k[None, :] < K)
-                x = tl.load(x_ptr + rows * stride_x + offs_k[None, :], mask=mask2, other=0.0).to(tl.float32)
-                if PRO == 2:
-                    r = tl.load(r_ptr + rows * stride_r + offs_k[None, :], mask=mask2, other=0.0).to(
-                        tl.float32
-                    )
-                    x = _round(x + r, MODE)  # h = h + x in the model dtype
-                    if pid == 0:
-                        tl.store(res_out_ptr + rows * stride_ro + offs_k[None, :], x.to(res_out_ptr.dtype.element_ty), mask=mask2)  # fmt: skip
+                x = _stream_in(x_ptr, r_ptr, res_out_ptr, rows, offs_k, mask2, stride_x, stride_r, stride_ro, pid, PRO, MODE, True)  # fmt: skip
                 ss += tl.sum(x * x, 1)
             rstd = tl.math.rsqrt(ss / K + eps)
         for k0 in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
