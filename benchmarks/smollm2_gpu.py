@@ -62,6 +62,7 @@ def specs(args: argparse.Namespace) -> list[dict | None]:
     if args.dflash:
         out += [
             {"method": "dflash", "model": args.dflash, "num_speculative_tokens": 15},
+            {"method": "dflash", "model": args.dflash, "num_speculative_tokens": 7},
             {"method": "dflash", "model": args.dflash, "num_speculative_tokens": 4},
         ]
     if args.eagle3:
