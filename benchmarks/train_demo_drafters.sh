@@ -33,6 +33,12 @@
 # EXPORT_FORMAT (both drafters' storage, bfloat16 or int8: weight-only int8 with a scale per output row, half the
 # size, for specserve only, validated within 0.001 chain_tau of bf16; unset: DFlash int8 and EAGLE-3 bfloat16, as
 # shipped),
+# DFLASH_STOP_AFTER / DFLASH_RESUME (one DFlash LR schedule of DFLASH_STEPS steps split over several time-limited
+# runs, as the shipped drafter's last round was: DFLASH_STOP_AFTER=N stops after step N with a checkpoint in WORK_DIR
+# and exports that partial drafter to $WORK/dflash-part, not the assets (no --max-time: the schedule stays
+# DFLASH_STEPS long); DFLASH_RESUME=1 with the same WORK_DIR, data files and settings continues it to the end, or
+# to another DFLASH_STOP_AFTER; restarting with INIT_FROM_ASSETS instead re-warms the LR, which costs ground),
+# SEED (data order and anchors, default 0),
 # BATCH_SIZE (sequences per step, default 32), EXTRA_DATA (more samples files to train on beside DATA_FILE's, e.g.
 # an earlier run's sampled set),
 # SAMPLED_REPEATS (R > 0 adds a second data set of sampled answers, appended to the greedy one: the gsm8k_train
@@ -100,7 +106,7 @@ TRAIN_TIME=$((BUDGET - (T1 - T0) - 75))
 EAGLE_TIME=$((TRAIN_TIME * ${EAGLE_TIME_PCT:-100} / 100))
 echo "[demo] training budget $TRAIN_TIME s (EAGLE-3: $EAGLE_TIME s)" >&2
 COMMON=(--target "$SMOLLM2_GGUF" --data "${DATA[@]}" --batch-size "${BATCH_SIZE:-32}" --max-length 1536
-        --epochs 100 --lr "${LR:-6e-4}" --warmup-ratio 0.04 --save-every 0 --log-every 20 --seed 0 --no-progress
+        --epochs 100 --lr "${LR:-6e-4}" --warmup-ratio 0.04 --save-every 0 --log-every 20 --seed "${SEED:-0}" --no-progress
         --weight-decay "${WEIGHT_DECAY:-0}")
 [ -z "${VAL_DATA:-}" ] || COMMON+=(--val-data "$VAL_DATA" --eval-every "${EVAL_EVERY:-200}")
 INIT_D=(); INIT_E=()
@@ -111,7 +117,12 @@ if [ "${INIT_FROM_ASSETS:-0}" = 1 ]; then
         cp -r "$ASSETS/smollm2-135m-eagle3" "$WORK/init-eagle3"; INIT_E=(--init-from "$WORK/init-eagle3")
     fi
 fi
-$TRAIN dflash --max-time "$TRAIN_TIME" "${COMMON[@]}" "${INIT_D[@]}" --output "$ASSETS/smollm2-135m-dflash" --work-dir "$WORK/dflash" \
+D_OUT="$ASSETS/smollm2-135m-dflash"; D_RUN=(--max-time "$TRAIN_TIME")
+if [ -n "${DFLASH_STOP_AFTER:-}" ]; then  # part of one schedule: no time fit (it would shorten the schedule)
+    D_OUT="$WORK/dflash-part"; D_RUN=(--stop-after "$DFLASH_STOP_AFTER")
+fi
+[ "${DFLASH_RESUME:-0}" != 1 ] || D_RUN+=(--resume)
+$TRAIN dflash "${D_RUN[@]}" "${COMMON[@]}" "${INIT_D[@]}" --output "$D_OUT" --work-dir "$WORK/dflash" \
     --export-format "${EXPORT_FORMAT:-int8}" \
     --num-layers "${DFLASH_LAYERS:-5}" --intermediate-size "${DFLASH_INTERMEDIATE:-1024}" --block-size 16 --num-anchors 256 --max-steps "$DFLASH_STEPS" \
     > "$WORK/dflash.log" 2>&1 &
@@ -135,7 +146,7 @@ T2=$(date +%s); echo "[demo] trained in $((T2 - T1)) s; total $((T2 - T0)) s" >&
 # ---- 3. results
 ls -l "$ASSETS"/smollm2-135m-*/ >&2
 if [ -n "${OUT:-}" ]; then
-    mkdir -p "$OUT/assets" && cp -r "$ASSETS"/smollm2-135m-dflash "$OUT/assets/"
+    mkdir -p "$OUT/assets/smollm2-135m-dflash" && cp -r "$D_OUT"/. "$OUT/assets/smollm2-135m-dflash/"
     [ "$EAGLE_TIME" -eq 0 ] || cp -r "$ASSETS"/smollm2-135m-eagle3 "$OUT/assets/"
     cp "$WORK"/*.log "$OUT/" 2>/dev/null || true
 fi

@@ -1,6 +1,7 @@
 """benchmarks/train_demo_drafters.sh, the recipe of the bundled drafters, end to end on a tiny random target (CPU):
 greedy + sampled data sets, both drafters trained on both, the copies in $OUT; then a DFlash-only round continuing
-from the exported drafter on the data files of the first run (what the H200 sessions do)."""
+from the exported drafter on the data files of the first run (what the H200 sessions do), and one schedule split
+over two runs (--stop-after, then --resume)."""
 
 from __future__ import annotations
 
@@ -132,3 +133,17 @@ def test_demo_recipe_runs_end_to_end(tmp_path):
     assert len(info["earlier_runs"]) == 1 and info["total_steps_all_runs"] == 4
     assert (out2 / "assets" / "smollm2-135m-dflash" / "model.safetensors").is_file()
     assert not (out2 / "assets" / "smollm2-135m-eagle3").exists()
+
+    # one LR schedule over two runs (how the shipped drafter's last round was trained): part 1 stops after 2 of 4
+    # steps with a checkpoint and exports the partial drafter beside it, the assets untouched; part 2 resumes it
+    before = (assets / "smollm2-135m-dflash" / "model.safetensors").read_bytes()
+    two = dict(common, WORK_DIR=str(tmp_path / "w3"), INIT_FROM_ASSETS="1", EAGLE_TIME_PCT="0",
+               DATA_FILE=str(out / "data.jsonl.gz"), DFLASH_LAYERS="2", DFLASH_STEPS="4", SEED="2")  # fmt: skip
+    _run(dict(two, DFLASH_STOP_AFTER="2"), tmp_path)
+    assert (assets / "smollm2-135m-dflash" / "model.safetensors").read_bytes() == before
+    part = json.loads((tmp_path / "w3" / "dflash-part" / "training.json").read_text())
+    assert part["train"]["steps"] == 2 and part["train"]["total_steps"] == 4 and part["args"]["seed"] == 2
+    _run(dict(two, DFLASH_RESUME="1"), tmp_path)
+    info = json.loads((assets / "smollm2-135m-dflash" / "training.json").read_text())
+    assert info["train"]["steps"] == 4 and info["train"]["steps_this_run"] == 2 and info["args"]["resume"]
+    assert (assets / "smollm2-135m-dflash" / "model.safetensors").read_bytes() != before

@@ -737,6 +737,14 @@ def test_resume_equals_uninterrupted_run(tmp_path, tiny):
     c2 = torch.load(os.path.join(part, "checkpoint.pt"), weights_only=False)
     assert c2["step"] == 8 and c2["scheduler"]["last_epoch"] == 8
     assert all(int(s["step"]) == 8 for s in c2["optimizer"]["state"].values())
+    # --stop-after leaves a checkpoint even without --save-every (how the demo drafter's one schedule spans two
+    # time-limited calls); a step count <= 0 is an error
+    nosave = str(tmp_path / "nosave")
+    split = ("--max-steps", "8", "--epochs", "100", "--save-every", "0", "--batch-size", "16")
+    run(parse_args(_dflash_args(tiny, nosave, *split, "--stop-after", "3")))
+    assert torch.load(os.path.join(nosave, "checkpoint.pt"), weights_only=False)["step"] == 3
+    with pytest.raises(TrainError, match="--stop-after must be > 0"):
+        run(parse_args(_dflash_args(tiny, nosave, *split, "--stop-after", "0")))
 
 
 def test_init_from_continues_an_exported_drafter(tmp_path, tiny, capsys):

@@ -202,7 +202,14 @@ def build_parser() -> argparse.ArgumentParser:
         "validation.json into --output if given); no training. EAGLE-3 drafts --ttt-steps tokens per step "
         "(its K), DFlash block_size - 1",
     )
-    o.add_argument("--stop-after", type=int, default=None, help=argparse.SUPPRESS)
+    o.add_argument(
+        "--stop-after",
+        type=int,
+        default=None,
+        metavar="N",
+        help="stop after step N with a checkpoint, the LR schedule of --max-steps unchanged; the same command with "
+        "--resume continues it: one schedule split over several time-limited runs (--init-from starts a new one)",
+    )
     o.add_argument(
         "--attn-backend",
         choices=["auto", "split", "sdpa", "flex"],
@@ -256,6 +263,7 @@ def _validate(a: argparse.Namespace) -> None:
     positive("epochs", a.epochs, allow_zero=a.max_steps is not None)
     positive("gamma", a.gamma)
     positive("max_time", a.max_time)
+    positive("stop_after", a.stop_after)
     positive("draft_vocab_size", a.draft_vocab_size)
     for name in ("save_every", "self_prompts", "weight_decay", "max_grad_norm", "gen_temperature"):
         positive(name, getattr(a, name), allow_zero=True)

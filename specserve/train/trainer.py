@@ -438,8 +438,10 @@ class Trainer:
         if self.val_samples and (not self.val_history or self.val_history[-1]["step"] != self.step):
             self._validate(bar)
         bar.close()
-        if args.save_every and self.step % args.save_every != 0:
-            self.save_checkpoint()
+        saved = bool(args.save_every) and self.step % args.save_every == 0
+        stopped_early = args.stop_after is not None and self.step < self.total_steps
+        if not saved and (args.save_every or stopped_early):
+            self.save_checkpoint()  # an early stop always leaves a checkpoint: --resume continues from it
         elapsed = time.time() - t0
         return dict(
             steps=self.step,
