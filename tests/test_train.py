@@ -736,6 +736,12 @@ def test_resume_equals_uninterrupted_run(tmp_path, tiny):
     assert not torch.equal(first.drafter.fc.weight, second.drafter.fc.weight)
     c2 = torch.load(os.path.join(part, "checkpoint.pt"), weights_only=False)
     assert c2["step"] == 8 and c2["scheduler"]["last_epoch"] == 8
+    # the exported training.json names both parts of the schedule: the stopped run and the resumed one
+    with open(os.path.join(part, "training.json")) as f:
+        parts = json.load(f)["train"]["parts"]
+    assert [p["steps"] for p in parts] == [[0, 4], [4, 8]]
+    assert "--stop-after 4" in parts[0]["command"] and "--resume" in parts[1]["command"]
+    assert [p["steps"] for p in full.metrics["parts"]] == [[0, 8]]
     assert all(int(s["step"]) == 8 for s in c2["optimizer"]["state"].values())
     # --stop-after leaves a checkpoint even without --save-every (how the demo drafter's one schedule spans two
     # time-limited calls); a step count <= 0 is an error

@@ -684,6 +684,7 @@ def run(a: argparse.Namespace) -> TrainResult:
         max_time=a.max_time,
         progress=not a.no_progress,
         eval_every=a.eval_every,
+        command="specserve train " + " ".join(a.argv) if hasattr(a, "argv") else None,
     )
     trainer = Trainer(drafter, target, samples, targs, val_samples=val)
     n_params = sum(p.numel() for p in drafter.parameters())

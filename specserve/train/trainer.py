@@ -55,6 +55,7 @@ class TrainArgs:
     max_time: float | None = None  # wall-clock budget (s): the schedule shrinks to fit it
     progress: bool = True
     eval_every: int = 0  # validation every N steps (0: only before and after training); needs val samples
+    command: str | None = None  # this run's command line, recorded per part of a schedule split by --resume
 
 
 def dist_info() -> tuple[int, int, int]:
@@ -133,6 +134,9 @@ class Trainer:
         self.history: list[dict[str, Any]] = []
         self.val_history: list[dict[str, Any]] = []
         self.tokens_seen = 0
+        # earlier runs of this schedule (from the checkpoint), oldest first
+        self.parts: list[dict[str, Any]] = []
+        self._part_start = 0
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -163,6 +167,7 @@ class Trainer:
             tokens_seen=self.tokens_seen,
             history=self.history,
             val_history=self.val_history,
+            parts=self.schedule_parts(),
             rng=dict(
                 generators=gen_states,
                 torch=torch.get_rng_state(),
@@ -186,6 +191,7 @@ class Trainer:
         self.tokens_seen = int(state.get("tokens_seen", 0))
         self.history = list(state.get("history", []))
         self.val_history = list(state.get("val_history", []))
+        self.parts = list(state.get("parts", []))
         rng = state["rng"]
         gens = rng["generators"]
         if len(gens) == self.world:
@@ -371,6 +377,7 @@ class Trainer:
         args = self.args
         if args.resume and self.load_checkpoint() and self.rank == 0:
             print(f"resumed from {self.checkpoint_path} at step {self.step}/{self.total_steps}", flush=True)
+        self._part_start = self.step
         self.drafter.train()
         end = self.total_steps if args.stop_after is None else min(self.total_steps, args.stop_after)
         bar = tqdm(
@@ -452,9 +459,15 @@ class Trainer:
             attn_backend=getattr(self.objective, "backend", None),
             final=last,
             val=self.val_history[-1] if self.val_history else None,
+            parts=self.schedule_parts(),
             history=self.history,
             val_history=self.val_history,
         )
+
+    def schedule_parts(self) -> list[dict[str, Any]]:
+        """The runs that trained this schedule so far, oldest first: each one's command and [first, last) steps (one
+        entry for an uninterrupted run; one per --resume)."""
+        return self.parts + [dict(command=self.args.command, steps=[self._part_start, self.step])]
 
     def _validate(self, bar: Any) -> None:
         t = time.time()
