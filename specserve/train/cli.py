@@ -695,7 +695,7 @@ def run(a: argparse.Namespace) -> TrainResult:
     metrics = trainer.train()
     if rank == 0:
         info = dict(
-            command="specserve train " + " ".join(a.argv) if hasattr(a, "argv") else None,
+            command=targs.command,
             method=a.method,
             target=target_path,
             data=dict(
