@@ -36,7 +36,17 @@ def _close(y: torch.Tensor, ref: torch.Tensor) -> None:
 
 
 @pytest.mark.parametrize(
-    "cfg", [None, "16,64,4,2,fma", "16,256,4,3", "8,256,4,1,fma,1pass", "16,256,4,1,1pass"]
+    "cfg",
+    [
+        None,
+        "16,64,4,2,fma",
+        "16,256,4,3",
+        "8,256,4,1,fma,1pass",
+        "16,256,4,1,1pass",
+        "4,256,4,2,fma,1pass,p1",  # persistent: 2 programs (the interpreter's "SMs") over 10 tiles, one pass
+        "8,64,4,2,fma,p1",  # persistent, statistics loop + K loop per tile
+        "16,64,4,2,p3",  # persistent tl.dot tiles, more programs than tiles: the grid is capped at 3 tiles
+    ],
 )
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("m", [1, 3, 16])
@@ -204,23 +214,41 @@ def test_where_the_six_kernel_layer_runs_and_its_default_tiles(monkeypatch):
     with pytest.raises(ValueError, match="auto, 1 or 0"):
         tg.max_rows(cpu, 576)
     monkeypatch.delenv("SPECSERVE_GEMV_CFG", raising=False)
-    assert tg._config(1, 576) == (8, 1024, 4, 1, False, True)  # the best of the session-8/9 sweeps on SmolLM2
+    assert tg._config(1, 576) == (
+        8,
+        1024,
+        4,
+        1,
+        False,
+        True,
+        0,
+    )  # the best of the session-8/9 sweeps on SmolLM2
     assert tg._config(1, 1536)[:2] == (8, 1024)
     for m in range(1, 17):
-        bn, bk, _, _, use_dot, one_pass = tg._config(m, 576)
-        assert not use_dot and one_pass and bn >= 1 and bn * bk * triton.next_power_of_2(m) <= 8192
+        bn, bk, _, _, use_dot, one_pass, per_sm = tg._config(m, 576)
+        assert (
+            not use_dot
+            and one_pass
+            and not per_sm
+            and bn >= 1
+            and bn * bk * triton.next_power_of_2(m) <= 8192
+        )
     assert tg._config(16, 576)[:2] == (1, 512) and tg._config(2, 64)[:2] == (16, 64)
     monkeypatch.setenv("SPECSERVE_GEMV_CFG", "16,256,4,3")
-    assert tg._config(1, 576) == (16, 256, 4, 3, True, False)
+    assert tg._config(1, 576) == (16, 256, 4, 3, True, False, 0)
     monkeypatch.setenv("SPECSERVE_GEMV_CFG", "8,1024,4,1,fma,1pass")
-    assert tg._config(1, 576) == (8, 1024, 4, 1, False, True)
+    assert tg._config(1, 576) == (8, 1024, 4, 1, False, True, 0)
+    monkeypatch.setenv("SPECSERVE_GEMV_CFG", "2,4096,4,3,fma,1pass,p4")
+    assert tg._config(1, 4096) == (2, 4096, 4, 3, False, True, 4)
     monkeypatch.setenv(
         "SPECSERVE_GEMV_CFG", "16,1024,8,1,1pass;16,256,4,2"
     )  # by K: one tile or the second config
-    assert tg._config(16, 576) == (16, 1024, 8, 1, True, True)
-    assert tg._config(16, 1536) == (16, 256, 4, 2, True, False)
+    assert tg._config(16, 576) == (16, 1024, 8, 1, True, True, 0)
+    assert tg._config(16, 1536) == (16, 256, 4, 2, True, False, 0)
     for bad, msg in (
         ("8,1024,4,1,fast", "unknown flags"),
+        ("8,1024,4,1,p0", "unknown flags"),
+        ("8,1024,4,1,p2,p4", "unknown flags"),
         ("8,1024", "expected"),
         ("1,2,3,4;1,2,3,4;1,2,3,4", "two"),
     ):
@@ -266,9 +294,10 @@ ptrs = {n: "bf16" for n in ("x_ptr", "r_ptr", "nw_ptr", "w_ptr", "y_ptr", "res_o
 
 
 def stack_bytes(m, k, pro, cfg):
-    bn, bk, nw, ns, use_dot, one_pass = cfg
+    bn, bk, nw, ns, use_dot, one_pass, per_sm = cfg
     const = dict(PRO=pro, MODE=_BF16, BLOCK_M=tg.MAX_ROWS if use_dot else triton.next_power_of_2(m), BLOCK_N=bn,
-                 BLOCK_K=bk, NUM_STAGES=ns, EXACT_DOT=False, USE_DOT=use_dot, ONE_PASS=one_pass and k <= bk)
+                 BLOCK_K=bk, NUM_STAGES=ns, EXACT_DOT=False, USE_DOT=use_dot, ONE_PASS=one_pass and k <= bk,
+                 PERSIST=per_sm > 0)
     return compile_sm90(tg._gemv_kernel, ptrs, const, nw, ns, floats=("eps",), divisible_ints=False)[2]
 
 
@@ -277,7 +306,7 @@ def stack_bytes(m, k, pro, cfg):
 for m, k, pro in [(1, 576, 2), (1, 1536, 3), (4, 576, 2), (16, 576, 2), (16, 1536, 3)]:
     assert stack_bytes(m, k, pro, tg._config(m, k)) == 0, (m, k, pro, tg._config(m, k))
 # the check can fail: the one-row tile at 16 rows is what made DFlash's 16-row steps crawl on the H200
-assert stack_bytes(16, 576, 2, (8, 1024, 4, 1, False, False)) > 0
+assert stack_bytes(16, 576, 2, (8, 1024, 4, 1, False, False, 0)) > 0
 print("OK")
 """
 

@@ -10,6 +10,11 @@ pass over K) vs 0.931 ms with cuBLAS's GEMVs (304 kernels); on the Qwen3-8B shap
 GEMVs keep far more CTAs streaming weights (7.5 vs 5.1 ms), and at 16 rows the CUDA-core tile spills (DFlash's
 verify and query steps collapsed to 160 tok/s on SmolLM2; at 16 rows the best config, a ``tl.dot`` tile, took 2.16
 ms vs cuBLAS's 1.06) and already at 4 rows the default tile loses (1.13 vs 0.94 ms), hence the bounds of ``auto``.
+The persistent form (``pP`` in ``SPECSERVE_GEMV_CFG``: a fixed grid, the prologue once per program, each tile's
+weights prefetched a tile ahead) did not change that (session 10, ``benchmarks/results/h200-2026-12-03-s10/``): on the
+Qwen3-8B shape at batch 1 its best config took 5.03 ms per step vs 4.81 for the nine-kernel layer on cuBLAS (10 configs
+5.03-9.92 ms), on SmolLM2 at one row 0.69 vs the default tile's 0.68 ms and at 16 rows 2.16 vs cuBLAS's 1.07 ms; it
+stays a tuning option.
 
     qkv      = W_qkv  @ RMSNorm(residual + x)      (add + norm prologue; program 0 writes the new residual)
     rope_store, attention                          (unchanged)
@@ -58,12 +63,17 @@ def max_rows(x: torch.Tensor, hidden_size: int) -> int:
     raise ValueError(f"SPECSERVE_TRITON_GEMV must be auto, 1 or 0, got {v!r}")
 
 
-def _config(m: int, k: int) -> tuple[int, int, int, int, bool, bool]:
-    """(BLOCK_N, BLOCK_K, num_warps, num_stages, use tl.dot, one pass) for ``m`` rows and ``k`` inputs.
+Config = tuple[int, int, int, int, bool, bool, int]
 
-    ``SPECSERVE_GEMV_CFG="BN,BK,W,S[,fma][,1pass]"`` if set (``fma``: CUDA-core multiply-and-reduce over a tile of
-    next_pow2(m) rows; without it a 16-row ``tl.dot``; ``1pass``: where K <= BLOCK_K, one round of loads with the
-    norm statistics taken from the GEMM's own input tile instead of a statistics loop first; same values); two
+
+def _config(m: int, k: int) -> Config:
+    """(BLOCK_N, BLOCK_K, num_warps, num_stages, use tl.dot, one pass, programs per SM) for ``m`` rows and ``k``
+    inputs.
+
+    ``SPECSERVE_GEMV_CFG="BN,BK,W,S[,fma][,1pass][,pP]"`` if set (``fma``: CUDA-core multiply-and-reduce over a tile
+    of next_pow2(m) rows; without it a 16-row ``tl.dot``; ``1pass``: where K <= BLOCK_K, one round of loads with the
+    norm statistics taken from the GEMM's own input tile instead of a statistics loop first; ``pP``: persistent,
+    P programs per SM, each doing its prologue once and looping over its output tiles; same values); two
     configs ``"A;B"``: A for the GEMMs whose K fits one A tile, B for the others (tuning: a tile that fits K = 576
     in one pass may spill at K = 1536). Default: the CUDA-core tile with one pass over K up to 1024 inputs (the K
     loop's dependent loads are what a launch-bound step waits on: at SmolLM2's K = 576, BLOCK_K 1024 took 0.78 ms
@@ -80,19 +90,36 @@ def _config(m: int, k: int) -> tuple[int, int, int, int, bool, bool]:
     mp = triton.next_power_of_2(max(m, 1))
     bk = min(triton.next_power_of_2(max(k, 16)), 1024, _TILE // mp)
     bn = max(1, min(16, _TILE // (bk * mp)))
-    return bn, bk, 4, 1, False, True
+    return bn, bk, 4, 1, False, True, 0
 
 
-def _parse_config(text: str, raw: str) -> tuple[int, int, int, int, bool, bool]:
+def _parse_config(text: str, raw: str) -> Config:
     parts = [p.strip() for p in text.split(",")]
     try:
         bn, bk, nw, ns = (int(v) for v in parts[:4])
     except ValueError:
-        raise ValueError(f"SPECSERVE_GEMV_CFG: expected 'BN,BK,W,S[,fma][,1pass]', got {raw!r}") from None
+        raise ValueError(
+            f"SPECSERVE_GEMV_CFG: expected 'BN,BK,W,S[,fma][,1pass][,pP]', got {raw!r}"
+        ) from None
     flags = set(parts[4:])
-    if flags - {"fma", "1pass"}:
-        raise ValueError(f"SPECSERVE_GEMV_CFG: unknown flags {sorted(flags - {'fma', '1pass'})} in {raw!r}")
-    return bn, bk, nw, ns, "fma" not in flags, "1pass" in flags
+    per_sm = [f for f in flags if len(f) > 1 and f[0] == "p" and f[1:].isdigit() and int(f[1:]) > 0]
+    unknown = flags - {"fma", "1pass"} - set(per_sm)
+    if unknown or len(per_sm) > 1:
+        raise ValueError(f"SPECSERVE_GEMV_CFG: unknown flags {sorted(unknown or per_sm)} in {raw!r}")
+    return bn, bk, nw, ns, "fma" not in flags, "1pass" in flags, int(per_sm[0][1:]) if per_sm else 0
+
+
+def _num_sms(device: torch.device) -> int:
+    """Streaming multiprocessors of a CUDA device (2 elsewhere: the interpreter, where it only sets the grid)."""
+    if device.type != "cuda":
+        return 2
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _SMS:
+        _SMS[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    return _SMS[idx]
+
+
+_SMS: dict[int, int] = {}
 
 
 @triton.jit
@@ -131,11 +158,12 @@ def _prologue(x_ptr, r_ptr, nw_ptr, rows, offs_k, mask2, stride_x, stride_r, K, 
 
 @triton.jit
 def _mac(acc, x, w, USE_DOT: tl.constexpr, MODE: tl.constexpr, EXACT_DOT: tl.constexpr):
-    """acc += x @ w.T for an input tile x [BLOCK_M, BLOCK_K] (fp32 holding model-dtype values), w [BLOCK_N, BLOCK_K]."""
+    """acc += x @ w.T for an input tile x [BLOCK_M, BLOCK_K] (model-dtype values, in fp32 or the model dtype), w
+    [BLOCK_N, BLOCK_K]."""
     if not USE_DOT:  # [BLOCK_M, 1, BLOCK_K] * [1, BLOCK_N, BLOCK_K], reduced over K on the CUDA cores
-        acc += tl.sum(x[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
+        acc += tl.sum(x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
     elif MODE == 0 or EXACT_DOT:  # fp32 models; the interpreter (its bf16 dot is not reliable)
-        acc += tl.dot(x, tl.trans(w.to(tl.float32)), input_precision="ieee")
+        acc += tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)), input_precision="ieee")
     else:  # tensor cores: bf16/fp16 operands (x holds model-dtype values: exact), fp32 accumulation
         acc += tl.dot(x.to(w.dtype), tl.trans(w))
     return acc
@@ -167,14 +195,18 @@ def _gemv_kernel(
     EXACT_DOT: tl.constexpr,
     USE_DOT: tl.constexpr,
     ONE_PASS: tl.constexpr,  # K <= BLOCK_K: one K tile, whose norm statistics come from the GEMM's own input tile
+    PERSIST: tl.constexpr,  # a fixed grid of programs looping over the output tiles (see _gemv_tiles)
 ):
     pid = tl.program_id(0)
     offs_m = tl.arange(0, BLOCK_M)
-    offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_m = offs_m < M
-    mask_n = offs_n < N
     rows = offs_m[:, None].to(tl.int64)
     rstd = tl.zeros([BLOCK_M], dtype=tl.float32)
+    if PERSIST:  # a fixed grid; each program takes every nprog-th BLOCK_N tile and does its prologue once
+        _gemv_tiles(x_ptr, r_ptr, nw_ptr, w_ptr, y_ptr, res_out_ptr, M, N, K, stride_x, stride_r, stride_w, stride_y, stride_ro, eps, pid, rows, mask_m, rstd, PRO, MODE, BLOCK_M, BLOCK_N, BLOCK_K, NUM_STAGES, EXACT_DOT, USE_DOT, ONE_PASS)  # fmt: skip
+        return
+    offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_n = offs_n < N
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     wrows = offs_n[:, None].to(tl.int64) * stride_w
     if ONE_PASS:  # one round of loads (weights, activations, residual, norm weights), no statistics loop
@@ -190,14 +222,7 @@ def _gemv_kernel(
             x = _prologue(x_ptr, r_ptr, nw_ptr, rows, offs_k, mask2, stride_x, stride_r, K, rstd, PRO, MODE)
         acc = _mac(acc, x, w, USE_DOT, MODE, EXACT_DOT)
     else:
-        if PRO == 1 or PRO == 2:
-            ss = tl.zeros([BLOCK_M], dtype=tl.float32)
-            for k0 in range(0, K, BLOCK_K):
-                offs_k = k0 + tl.arange(0, BLOCK_K)
-                mask2 = mask_m[:, None] & (offs_k[None, :] < K)
-                x = _stream_in(x_ptr, r_ptr, res_out_ptr, rows, offs_k, mask2, stride_x, stride_r, stride_ro, pid, PRO, MODE, True)  # fmt: skip
-                ss += tl.sum(x * x, 1)
-            rstd = tl.math.rsqrt(ss / K + eps)
+        rstd = _row_rstd(x_ptr, r_ptr, res_out_ptr, rows, mask_m, K, stride_x, stride_r, stride_ro, eps, pid, rstd, PRO, MODE, BLOCK_K)  # fmt: skip
         for k0 in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
             offs_k = k0 + tl.arange(0, BLOCK_K)
             mk = offs_k < K
@@ -209,6 +234,67 @@ def _gemv_kernel(
         acc.to(y_ptr.dtype.element_ty),
         mask=mask_m[:, None] & mask_n[None, :],
     )
+
+
+@triton.jit
+def _row_rstd(x_ptr, r_ptr, res_out_ptr, rows, mask_m, K, stride_x, stride_r, stride_ro, eps, pid, rstd, PRO: tl.constexpr, MODE: tl.constexpr, BLOCK_K: tl.constexpr):  # fmt: skip
+    """1/rms of each row of the residual stream (norm prologues; else ``rstd`` unchanged), in a statistics loop over
+    K; program 0 also writes the new residual (add prologue)."""
+    if PRO == 1 or PRO == 2:
+        ss = tl.zeros_like(rstd)
+        for k0 in range(0, K, BLOCK_K):
+            offs_k = k0 + tl.arange(0, BLOCK_K)
+            mask2 = mask_m[:, None] & (offs_k[None, :] < K)
+            x = _stream_in(x_ptr, r_ptr, res_out_ptr, rows, offs_k, mask2, stride_x, stride_r, stride_ro, pid, PRO, MODE, True)  # fmt: skip
+            ss += tl.sum(x * x, 1)
+        rstd = tl.math.rsqrt(ss / K + eps)
+    return rstd
+
+
+@triton.jit
+def _gemv_tiles(x_ptr, r_ptr, nw_ptr, w_ptr, y_ptr, res_out_ptr, M, N, K, stride_x, stride_r, stride_w, stride_y, stride_ro, eps, pid, rows, mask_m, rstd, PRO: tl.constexpr, MODE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NUM_STAGES: tl.constexpr, EXACT_DOT: tl.constexpr, USE_DOT: tl.constexpr, ONE_PASS: tl.constexpr):  # fmt: skip
+    """The persistent form: the prologue (one-pass input tile, or the norm statistics) once per program, then the
+    program's output tiles pid, pid + nprog, ...: one pass, each tile's weights prefetched a tile ahead (the first
+    during the prologue); else a K loop per tile (its loads pipelined over K by NUM_STAGES). Same products and
+    roundings as the one-tile-per-program form."""
+    nprog = tl.num_programs(0)
+    num_tiles = tl.cdiv(N, BLOCK_N)
+    if (
+        ONE_PASS
+    ):  # the next tile's weights are loaded while this one is reduced (the first: during the prologue)
+        offs_k = tl.arange(0, BLOCK_K)
+        mk = offs_k < K
+        mask2 = mask_m[:, None] & mk[None, :]
+        offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+        w = tl.load(w_ptr + offs_n[:, None].to(tl.int64) * stride_w + offs_k[None, :], mask=(offs_n < N)[:, None] & mk[None, :], other=0.0)  # fmt: skip
+        if PRO == 1 or PRO == 2:
+            x = _stream_in(x_ptr, r_ptr, res_out_ptr, rows, offs_k, mask2, stride_x, stride_r, stride_ro, pid, PRO, MODE, True)  # fmt: skip
+            rstd = tl.math.rsqrt(tl.sum(x * x, 1) / K + eps)
+            x = _normed(x, nw_ptr, offs_k, K, rstd, MODE)
+        else:
+            x = _prologue(x_ptr, r_ptr, nw_ptr, rows, offs_k, mask2, stride_x, stride_r, K, rstd, PRO, MODE)
+        x = x.to(w.dtype)  # exact (model-dtype values): half the registers the tile holds over the loop
+        for tile in range(pid, num_tiles, nprog):
+            offs_n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+            nxt = offs_n + nprog * BLOCK_N
+            w_next = tl.load(w_ptr + nxt[:, None].to(tl.int64) * stride_w + offs_k[None, :], mask=(nxt < N)[:, None] & mk[None, :], other=0.0)  # fmt: skip
+            acc = _mac(tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), x, w, USE_DOT, MODE, EXACT_DOT)
+            tl.store(y_ptr + rows * stride_y + offs_n[None, :], acc.to(y_ptr.dtype.element_ty), mask=mask_m[:, None] & (offs_n < N)[None, :])  # fmt: skip
+            w = w_next
+    else:
+        rstd = _row_rstd(x_ptr, r_ptr, res_out_ptr, rows, mask_m, K, stride_x, stride_r, stride_ro, eps, pid, rstd, PRO, MODE, BLOCK_K)  # fmt: skip
+        for tile in range(pid, num_tiles, nprog):
+            offs_n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+            mask_n = offs_n < N
+            wrows = offs_n[:, None].to(tl.int64) * stride_w
+            acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+            for k0 in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
+                offs_k = k0 + tl.arange(0, BLOCK_K)
+                mk = offs_k < K
+                x = _prologue(x_ptr, r_ptr, nw_ptr, rows, offs_k, mask_m[:, None] & mk[None, :], stride_x, stride_r, K, rstd, PRO, MODE)  # fmt: skip
+                w = tl.load(w_ptr + wrows + offs_k[None, :], mask=mask_n[:, None] & mk[None, :], other=0.0)
+                acc = _mac(acc, x, w, USE_DOT, MODE, EXACT_DOT)
+            tl.store(y_ptr + rows * stride_y + offs_n[None, :], acc.to(y_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])  # fmt: skip
 
 
 def gemv(
@@ -246,11 +332,13 @@ def gemv(
         raise ValueError("gemv: residual must match x")
     if m == 0:
         return y, (res_out if pro == _ADD_NORM else (x if pro == _NORM else None))
-    bn, bk, nw, ns, use_dot, one_pass = _config(m, k)
+    bn, bk, nw, ns, use_dot, one_pass, per_sm = _config(m, k)
     block_m = MAX_ROWS if use_dot else max(1, triton.next_power_of_2(m))
     r = residual if residual is not None else x
     ro = res_out if res_out is not None else x
-    _gemv_kernel[(triton.cdiv(n, bn),)](
+    tiles = triton.cdiv(n, bn)
+    grid = min(tiles, per_sm * _num_sms(x.device)) if per_sm else tiles
+    _gemv_kernel[(grid,)](
         x,
         r,
         norm_weight if norm_weight is not None else x,
@@ -275,6 +363,7 @@ def gemv(
         EXACT_DOT=os.environ.get("TRITON_INTERPRET", "0") == "1",
         USE_DOT=use_dot,
         ONE_PASS=one_pass and k <= bk,
+        PERSIST=per_sm > 0,
         num_warps=nw,
     )
     if pro == _ADD_NORM:
