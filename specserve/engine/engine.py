@@ -161,6 +161,9 @@ class LLMEngine:
             max_len,
             num_lookahead_slots=self.num_spec + 1 if self.num_spec else 0,
         )
+        # prefill chunks the runner's prefill graphs take run as steps of their own (see the scheduler)
+        pg = self.runner.prefill_graphs
+        self.scheduler.prefill_alone = pg.max_batch if pg is not None else 0
         self.eos_token_ids = self._eos_ids(mc)
         self.default_sampling_overrides = self._generation_defaults(ckpt.generation_config)
         self.parents: dict[str, _Parent] = {}

@@ -4,6 +4,12 @@ Every step schedules, per request, the tokens whose KV is not yet computed (``to
 plus the drafts proposed for it in the previous step. Running requests go first (oldest first); when blocks
 run out, the newest running request is preempted (its blocks are freed and it is recomputed later). Waiting
 requests are admitted while the token budget, ``max_num_seqs`` and free blocks allow.
+
+``prefill_alone`` (set by the engine when the runner has prefill CUDA graphs, i.e. up to that many tokens): a
+request's prefill chunk that fits the graphs runs as a step of its own instead of joining the decode batch, which
+would make the whole step an eagerly launched varlen forward; SGLang likewise runs prefill and decode batches
+apart. A burst of more than :data:`PREFILL_ALONE_MAX_WAITING` waiting requests is admitted together as before (one
+batched prefill beats many small ones).
 """
 
 from __future__ import annotations
@@ -13,6 +19,8 @@ from dataclasses import dataclass
 
 from specserve.engine.block_manager import BlockManager
 from specserve.engine.request import Request, RequestStatus
+
+PREFILL_ALONE_MAX_WAITING = 4
 
 
 @dataclass
@@ -59,6 +67,7 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.num_preemptions = 0
+        self.prefill_alone = 0  # see the module docstring (0: off)
 
     def add(self, req: Request) -> None:
         self.waiting.append(req)
@@ -78,7 +87,53 @@ class Scheduler:
         self.num_preemptions += 1
         self.waiting.appendleft(req)
 
+    def _admit(self, budget: int) -> ScheduledRequest | None:
+        """Admit the first waiting request with up to ``budget`` of its tokens (prefix-cache hits first), or
+        None when its blocks do not fit (it stays waiting, holding nothing)."""
+        req = self.waiting[0]
+        if req.num_computed_tokens == 0 and not req.block_table:
+            hits = self.bm.match_prefix(req)
+            if hits and not self.bm.can_allocate(
+                req, self._slots_needed(req, 0) + len(hits) * self.bm.block_size
+            ):
+                hits = []
+            self.bm.allocate_prefix(req, hits)
+        n = min(req.num_tokens - req.num_computed_tokens, budget)
+        if not self.bm.allocate(req, self._slots_needed(req, n)):
+            self.bm.free_request(req)
+            req.num_computed_tokens = 0
+            return None
+        self.waiting.popleft()
+        req.status = RequestStatus.RUNNING
+        self.running.append(req)
+        return ScheduledRequest(req, n, [])
+
+    def _schedule_prefill_alone(self) -> SchedulerOutput | None:
+        """A step of one prefill chunk that fits ``prefill_alone`` tokens: a running request's next chunk, else a
+        newly admitted request's; None when there is none (or its blocks do not fit: the usual path decides)."""
+        limit = min(self.prefill_alone, self.max_num_batched_tokens)
+        for req in self.running:
+            n = req.num_tokens - req.num_computed_tokens
+            if n > 1:
+                if n > limit or not self.bm.allocate(req, self._slots_needed(req, n)):
+                    return None
+                req.spec_token_ids = []
+                return SchedulerOutput([ScheduledRequest(req, n, [])], [])
+        if not self.waiting or len(self.waiting) > PREFILL_ALONE_MAX_WAITING:
+            return None
+        if len(self.running) >= self.max_num_seqs:
+            return None
+        req = self.waiting[0]
+        if req.num_tokens - req.num_computed_tokens > limit:  # longer prompts: the usual (batched) path
+            return None
+        s = self._admit(limit)
+        return SchedulerOutput([s], []) if s is not None else None
+
     def schedule(self) -> SchedulerOutput:
+        if self.prefill_alone:
+            out = self._schedule_prefill_alone()
+            if out is not None:
+                return out
         budget = self.max_num_batched_tokens
         scheduled: list[ScheduledRequest] = []
         preempted: list[Request] = []
@@ -106,24 +161,11 @@ class Scheduler:
             break  # the request itself was preempted: nothing after it can run either
         # admit waiting requests (never the ones preempted in this very step)
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not preempted:
-            req = self.waiting[0]
-            if req.num_computed_tokens == 0 and not req.block_table:
-                hits = self.bm.match_prefix(req)
-                if hits and not self.bm.can_allocate(
-                    req, self._slots_needed(req, 0) + len(hits) * self.bm.block_size
-                ):
-                    hits = []
-                self.bm.allocate_prefix(req, hits)
-            n = min(req.num_tokens - req.num_computed_tokens, budget)
-            if not self.bm.allocate(req, self._slots_needed(req, n)):
-                self.bm.free_request(req)
-                req.num_computed_tokens = 0
+            s = self._admit(budget)
+            if s is None:
                 break
-            self.waiting.popleft()
-            req.status = RequestStatus.RUNNING
-            self.running.append(req)
-            scheduled.append(ScheduledRequest(req, n, []))
-            budget -= n
+            scheduled.append(s)
+            budget -= s.num_new_tokens
         return SchedulerOutput(scheduled, preempted)
 
     def finish(self, req: Request, status: RequestStatus) -> None:

@@ -8,6 +8,7 @@ tokens, then the proposer, which drafts the next step's tokens from this step's 
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +24,11 @@ from specserve.spec.proposer import DraftInput, Proposer
 from specserve.spec.rejection import greedy_verify, rejection_sample, sample_verify
 
 logger = logging.getLogger("specserve")
+
+# Token buckets of the prefill graphs (one request's prefill chunk, padded up to the next bucket): without them a
+# prefill step is hundreds of eagerly launched kernels, host-bound on a slow CPU (session 10, H200: ~15-25 ms for a
+# 128-token SmolLM2 prompt, most of the time to first token). Longer chunks run eagerly (their launches amortize).
+PREFILL_GRAPH_TOKENS = (16, 32, 64, 128, 256, 512)
 
 
 @dataclass
@@ -137,7 +143,9 @@ class ModelRunner:
             prev = torch.get_default_dtype()
             torch.set_default_dtype(dtype)
             try:
-                self.model = DecoderLM(model_config, max_position=max_model_len + 2 * k + 8)
+                # positions past the sequence: a verify block's padding (2K + 8) or a padded prefill chunk's
+                pad = max(2 * k + 8, PREFILL_GRAPH_TOKENS[-1])
+                self.model = DecoderLM(model_config, max_position=max_model_len + pad)
             finally:
                 torch.set_default_dtype(prev)
         if weights is None:
@@ -171,6 +179,8 @@ class ModelRunner:
         self.async_spec = False  # set up with the uniform path (_setup_uniform_path)
         self.use_fused_step = False  # set up with the uniform path (_setup_uniform_path)
         self.async_scheduling = False  # likewise
+        self.prefill_graphs: BucketedGraphs | None = None  # likewise (padded path only)
+        self.num_prefill_graph_steps = 0  # prefill steps run through the prefill graphs (tests, benchmarks)
         self.profile = False  # benchmarks: per step (target+verify ms, drafter ms, batch) in self.timings
         self.timings: list[tuple[float, float, int]] = []
 
@@ -187,7 +197,7 @@ class ModelRunner:
     def determine_num_blocks(self, max_num_batched_tokens: int = 2048) -> int:
         """KV blocks for target + drafter. On CUDA: what ``gpu_memory_utilization`` of the device leaves after the
         loaded weights, the peak activations of a profiling forward (the largest prefill chunk) and a reserve for
-        the CUDA graphs (the activations of the largest verify batch, measured the same way)."""
+        the CUDA graphs (the activations of their largest batch: verify or prefill chunk, measured the same way)."""
         if self.config.num_gpu_blocks:
             return self.config.num_gpu_blocks
         per_block = self.kv_bytes_per_block()
@@ -196,7 +206,10 @@ class ModelRunner:
             graph_peak = 0
             if not self.config.enforce_eager:
                 graph_peak = self.profile_forward(
-                    self.config.max_num_seqs * (1 + self.num_speculative_tokens)
+                    max(
+                        self.config.max_num_seqs * (1 + self.num_speculative_tokens),
+                        self._prefill_graph_max(),
+                    )
                 )
             torch.cuda.empty_cache()
             free, total = torch.cuda.mem_get_info(self.device)
@@ -351,6 +364,7 @@ class ModelRunner:
             )
             pool = self.graphs[q].pool
             self.sample_graphs[q] = self._sampling_graphs(q, capture, pool)
+        self._setup_prefill_graphs(capture, pool)
         # the fused step: the drafter's half of a greedy verify step as a second graph on the same buffers
         k = self.num_speculative_tokens
         if k and self.proposer is not None:
@@ -375,6 +389,59 @@ class ModelRunner:
         self._spec_events = [torch.cuda.Event() if cuda else None for _ in range(2)]
         self._spec_flip = 0
         self._spec_cols = torch.arange(k + 1, device=dev)
+
+    def _prefill_graph_max(self) -> int:
+        """Largest prefill-graph bucket (0: none, also with ``SPECSERVE_PREFILL_GRAPHS=0``): the buckets up to the
+        first that holds max_model_len tokens, on the padded path."""
+        cfg = self.config
+        padded = cfg.padded_decode if cfg.padded_decode is not None else (self.device.type == "cuda")
+        if not padded or os.environ.get("SPECSERVE_PREFILL_GRAPHS", "1").strip() == "0":
+            return 0
+        fits = [t for t in PREFILL_GRAPH_TOKENS if t < self.max_model_len]
+        return PREFILL_GRAPH_TOKENS[len(fits)] if len(fits) < len(PREFILL_GRAPH_TOKENS) else fits[-1]
+
+    def _setup_prefill_graphs(self, capture: bool, pool: Any) -> None:
+        """One request's prefill chunk padded to a token bucket (:data:`PREFILL_GRAPH_TOKENS`): the target forward
+        (hidden states + tap features) as a graph per bucket, on the uniform path's pool. Padding rows are token 0
+        at the positions after the chunk and write no KV (slot -1); causal attention keeps them out of the real
+        rows. Sampling and the drafter's prefill stay eager (a few kernels)."""
+        top = self._prefill_graph_max()
+        buckets = [t for t in PREFILL_GRAPH_TOKENS if t <= top]
+        if not buckets:
+            return
+        bufs = {t: PaddedBatch(1, t, self.max_blocks_per_seq, self.device) for t in buckets}
+        self._prefill_bufs = bufs
+
+        def fn(t: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+            buf = bufs[t]
+            v = buf.views(1)
+            return self.model(v.ids, v.pos, buf.meta(1, self.max_model_len + t))
+
+        def prepare(t: int) -> None:
+            bufs[t].fill(1, [], self.block_size)
+
+        self.prefill_graphs = BucketedGraphs("prefill", fn, buckets, self.device, capture, pool, prepare)
+
+    def _prefill_graph_ok(self, items: list) -> bool:  # type: ignore[type-arg]
+        """A step the prefill graphs run: one request's chunk of prompt (or recomputed) tokens, no drafts."""
+        g = self.prefill_graphs
+        return (
+            g is not None
+            and len(items) == 1
+            and not items[0].spec_token_ids
+            and 1 < items[0].num_new_tokens <= g.max_batch
+        )
+
+    def _forward_prefill(self, s: Any) -> tuple[torch.Tensor, torch.Tensor | None, list[int]]:
+        """``_forward_ragged`` for a single prefill chunk through its bucket's graph; the outputs have the
+        bucket's rows, of which the first ``num_new_tokens`` are the chunk's."""
+        assert self.prefill_graphs is not None
+        n = s.num_new_tokens
+        t = self.prefill_graphs.bucket(n)
+        self._prefill_bufs[t].fill(1, [(s.req.token_ids[s.start : s.start + n], s.start, s.req.block_table)], self.block_size)  # fmt: skip
+        hidden, features = self.prefill_graphs.run(t)
+        self.num_prefill_graph_steps += 1
+        return hidden, features, [n]
 
     def _sampling_graphs(self, q: int, capture: bool, pool: Any) -> BucketedGraphs:
         """Random sampling + acceptance of a uniform step as a second graph per bucket, replayed right after the
@@ -737,6 +804,8 @@ class ModelRunner:
             if random_rows:
                 packed = self._sample_uniform(uniform_q, all_logits, packed)
             q_lens = [uniform_q] * len(items)
+        elif self._prefill_graph_ok(items):
+            hidden, features, q_lens = self._forward_prefill(items[0])
         else:
             hidden, features, q_lens = self._forward_ragged(items)
 
