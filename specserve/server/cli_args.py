@@ -192,7 +192,7 @@ def make_arg_parser() -> OneLineArgumentParser:
         action=argparse.BooleanOptionalAction,
         default=None,
         help="Launch the next fused speculative step (DFlash, EAGLE-3; greedy or unseeded sampling) before the "
-        "current one's tokens reach the host (default: off; on the H200 it measured no faster).",
+        "current one's tokens reach the host (default: off; on the H200: 4% faster steps on SmolLM2, none on an 8B shape).",
     )
     e.add_argument(
         "--load-format",
