@@ -100,6 +100,15 @@ def test_prefill_graph_after_prefix_hit_and_env_off(tiny_qwen3_dir, small_bucket
     again = llm.generate([prompt], sp)[0].outputs[0].token_ids  # 32 cached: a 5-token tail (bucket 8)
     assert first == again == ref
     assert llm.engine.runner.num_prefill_graph_steps == before + 1
+    # buckets stop at the first that holds max_model_len tokens
+    short = LLM(tiny_qwen3_dir, enable_prefix_caching=False, max_model_len=12, **kw)
+    assert short.engine.runner.prefill_graphs is not None
+    assert (
+        short.engine.runner.prefill_graphs.buckets == [4, 8, 16]
+        and short.engine.scheduler.prefill_alone == 16
+    )
+    short = LLM(tiny_qwen3_dir, enable_prefix_caching=False, max_model_len=7, **kw)
+    assert short.engine.runner.prefill_graphs.buckets == [4, 8]  # type: ignore[union-attr]
     monkeypatch.setenv("SPECSERVE_PREFILL_GRAPHS", "0")
     off = LLM(tiny_qwen3_dir, enable_prefix_caching=False, **kw)
     assert off.engine.runner.prefill_graphs is None and off.engine.scheduler.prefill_alone == 0
