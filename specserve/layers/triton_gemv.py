@@ -259,9 +259,8 @@ def _gemv_tiles(x_ptr, r_ptr, nw_ptr, w_ptr, y_ptr, res_out_ptr, M, N, K, stride
     roundings as the one-tile-per-program form."""
     nprog = tl.num_programs(0)
     num_tiles = tl.cdiv(N, BLOCK_N)
-    if (
-        ONE_PASS
-    ):  # the next tile's weights are loaded while this one is reduced (the first: during the prologue)
+    # one pass: the next tile's weights are loaded while this one is reduced (the first: during the prologue)
+    if ONE_PASS:
         offs_k = tl.arange(0, BLOCK_K)
         mk = offs_k < K
         mask2 = mask_m[:, None] & mk[None, :]
