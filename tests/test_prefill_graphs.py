@@ -70,11 +70,10 @@ def test_prefill_graph_path_equals_ragged(tiny_qwen3_dir, small_buckets, spec, t
     assert outs == ref
     # the 3-, 8- and 13-token prompts went through the graphs, one step each, before any decode step; the 40- and
     # 30-token prompts (past the largest bucket) start on the varlen path in chunks of max_num_batched_tokens (the
-    # 30-token one beside the other's decode) and their tails (16 and 7 tokens) run alone through the graphs
+    # 30-token one beside the other's decode, which takes 1 token of the budget, + 3 drafts with DFlash) and their
+    # tails (16 tokens; 7, or 10 with DFlash) run alone through the graphs
     prefills = [[n for n, _ in st] for st in steps if any(n > 1 for n, _ in st)]
-    tail = 30 - (
-        24 - 1 - (3 if cfg else 0)
-    )  # the 30-token prompt's first chunk shares the budget with a verify
+    tail = 30 - (24 - 1 - (3 if cfg else 0))
     assert prefills == [[3], [8], [13], [24], [16], [1, 30 - tail], [tail]]
     assert runner.num_prefill_graph_steps == 5
     # no step mixes a prefill chunk that fits the graphs with decode steps
