@@ -25,6 +25,9 @@ from typing import Any
 
 import torch
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from step_latency import count_steps  # noqa: E402
+
 
 def _kernel_table(fn: Any, *args: Any) -> tuple[int, float, list[tuple[str, float, float]]]:
     """(kernels, summed kernel us, [(name, count, us)]) of ``fn(*args)``, the most expensive kernels first."""
@@ -58,14 +61,7 @@ def run(a: argparse.Namespace, spec: dict | None) -> list[dict]:
     )
     eng = llm.engine
     can_async = bool(spec) and eng.runner.async_spec  # --async-spec, on a fused speculative step
-    steps = {"n": 0}
-    orig = eng.step
-
-    def counted():  # type: ignore[no-untyped-def]
-        steps["n"] += 1
-        return orig()
-
-    eng.step = counted  # type: ignore[method-assign]
+    steps = count_steps(eng)
     g = torch.Generator().manual_seed(0)
     out = []
     for b in a.batches:

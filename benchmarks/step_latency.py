@@ -20,6 +20,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -126,6 +127,19 @@ def read_weight_bytes(model: torch.nn.Module) -> int:
     return total
 
 
+def count_steps(engine: Any) -> dict[str, int]:
+    """Wrap ``engine.step`` so that the returned dict's ``"n"`` counts its calls (reset it by hand)."""
+    steps = {"n": 0}
+    orig = engine.step
+
+    def counted():  # type: ignore[no-untyped-def]
+        steps["n"] += 1
+        return orig()
+
+    engine.step = counted
+    return steps
+
+
 def run_config(
     model_dir: str, spec: dict | None, batches: list[int], eager: bool, max_tokens: int
 ) -> list[dict]:
@@ -146,14 +160,7 @@ def run_config(
     )
     eng = llm.engine
     weight_bytes = read_weight_bytes(eng.runner.model)
-    steps = {"n": 0}
-    orig = eng.step
-
-    def counted():  # type: ignore[no-untyped-def]
-        steps["n"] += 1
-        return orig()
-
-    eng.step = counted  # type: ignore[method-assign]
+    steps = count_steps(eng)
     rows = []
     g = torch.Generator().manual_seed(0)
     for b in batches:

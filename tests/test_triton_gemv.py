@@ -305,6 +305,9 @@ def stack_bytes(m, k, pro, cfg):
 # K=1536): no spills
 for m, k, pro in [(1, 576, 2), (1, 1536, 3), (4, 576, 2), (16, 576, 2), (16, 1536, 3)]:
     assert stack_bytes(m, k, pro, tg._config(m, k)) == 0, (m, k, pro, tg._config(m, k))
+# the persistent form (a tuning option) compiles too: one-pass tiles with the next tile prefetched, and the K loop
+assert stack_bytes(1, 4096, 2, tg._parse_config("2,4096,4,1,fma,1pass,p4", "")) == 0
+assert stack_bytes(1, 12288, 3, tg._parse_config("8,512,4,1,fma,p8", "")) == 0
 # the check can fail: the one-row tile at 16 rows is what made DFlash's 16-row steps crawl on the H200
 assert stack_bytes(16, 576, 2, (8, 1024, 4, 1, False, False, 0)) > 0
 print("OK")

@@ -214,26 +214,39 @@ def _gemv_kernel(
         mk = offs_k < K
         mask2 = mask_m[:, None] & mk[None, :]
         w = tl.load(w_ptr + wrows + offs_k[None, :], mask=mask_n[:, None] & mk[None, :], other=0.0)
-        if PRO == 1 or PRO == 2:
-            x = _stream_in(x_ptr, r_ptr, res_out_ptr, rows, offs_k, mask2, stride_x, stride_r, stride_ro, pid, PRO, MODE, True)  # fmt: skip
-            rstd = tl.math.rsqrt(tl.sum(x * x, 1) / K + eps)
-            x = _normed(x, nw_ptr, offs_k, K, rstd, MODE)
-        else:
-            x = _prologue(x_ptr, r_ptr, nw_ptr, rows, offs_k, mask2, stride_x, stride_r, K, rstd, PRO, MODE)
+        x = _one_pass_input(x_ptr, r_ptr, nw_ptr, res_out_ptr, rows, offs_k, mask2, stride_x, stride_r, stride_ro, K, eps, pid, rstd, PRO, MODE)  # fmt: skip
         acc = _mac(acc, x, w, USE_DOT, MODE, EXACT_DOT)
     else:
         rstd = _row_rstd(x_ptr, r_ptr, res_out_ptr, rows, mask_m, K, stride_x, stride_r, stride_ro, eps, pid, rstd, PRO, MODE, BLOCK_K)  # fmt: skip
-        for k0 in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
-            offs_k = k0 + tl.arange(0, BLOCK_K)
-            mk = offs_k < K
-            x = _prologue(x_ptr, r_ptr, nw_ptr, rows, offs_k, mask_m[:, None] & mk[None, :], stride_x, stride_r, K, rstd, PRO, MODE)  # fmt: skip
-            w = tl.load(w_ptr + wrows + offs_k[None, :], mask=mask_n[:, None] & mk[None, :], other=0.0)
-            acc = _mac(acc, x, w, USE_DOT, MODE, EXACT_DOT)
+        acc = _k_loop(acc, x_ptr, r_ptr, nw_ptr, w_ptr, rows, mask_m, wrows, mask_n, K, stride_x, stride_r, rstd, PRO, MODE, BLOCK_K, NUM_STAGES, EXACT_DOT, USE_DOT)  # fmt: skip
     tl.store(
         y_ptr + rows * stride_y + offs_n[None, :],
         acc.to(y_ptr.dtype.element_ty),
         mask=mask_m[:, None] & mask_n[None, :],
     )
+
+
+@triton.jit
+def _one_pass_input(x_ptr, r_ptr, nw_ptr, res_out_ptr, rows, offs_k, mask2, stride_x, stride_r, stride_ro, K, eps, pid, rstd, PRO: tl.constexpr, MODE: tl.constexpr):  # fmt: skip
+    """The whole GEMM input tile (K within one tile), the norm statistics taken from the tile itself; program 0
+    writes the new residual (add prologue)."""
+    if PRO == 1 or PRO == 2:
+        x = _stream_in(x_ptr, r_ptr, res_out_ptr, rows, offs_k, mask2, stride_x, stride_r, stride_ro, pid, PRO, MODE, True)  # fmt: skip
+        rstd = tl.math.rsqrt(tl.sum(x * x, 1) / K + eps)
+        return _normed(x, nw_ptr, offs_k, K, rstd, MODE)
+    return _prologue(x_ptr, r_ptr, nw_ptr, rows, offs_k, mask2, stride_x, stride_r, K, rstd, PRO, MODE)
+
+
+@triton.jit
+def _k_loop(acc, x_ptr, r_ptr, nw_ptr, w_ptr, rows, mask_m, wrows, mask_n, K, stride_x, stride_r, rstd, PRO: tl.constexpr, MODE: tl.constexpr, BLOCK_K: tl.constexpr, NUM_STAGES: tl.constexpr, EXACT_DOT: tl.constexpr, USE_DOT: tl.constexpr):  # fmt: skip
+    """acc += prologue(x) @ W[rows of wrows].T over K in BLOCK_K steps (loads pipelined by NUM_STAGES)."""
+    for k0 in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        mk = offs_k < K
+        x = _prologue(x_ptr, r_ptr, nw_ptr, rows, offs_k, mask_m[:, None] & mk[None, :], stride_x, stride_r, K, rstd, PRO, MODE)  # fmt: skip
+        w = tl.load(w_ptr + wrows + offs_k[None, :], mask=mask_n[:, None] & mk[None, :], other=0.0)
+        acc = _mac(acc, x, w, USE_DOT, MODE, EXACT_DOT)
+    return acc
 
 
 @triton.jit
@@ -266,12 +279,7 @@ def _gemv_tiles(x_ptr, r_ptr, nw_ptr, w_ptr, y_ptr, res_out_ptr, M, N, K, stride
         mask2 = mask_m[:, None] & mk[None, :]
         offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
         w = tl.load(w_ptr + offs_n[:, None].to(tl.int64) * stride_w + offs_k[None, :], mask=(offs_n < N)[:, None] & mk[None, :], other=0.0)  # fmt: skip
-        if PRO == 1 or PRO == 2:
-            x = _stream_in(x_ptr, r_ptr, res_out_ptr, rows, offs_k, mask2, stride_x, stride_r, stride_ro, pid, PRO, MODE, True)  # fmt: skip
-            rstd = tl.math.rsqrt(tl.sum(x * x, 1) / K + eps)
-            x = _normed(x, nw_ptr, offs_k, K, rstd, MODE)
-        else:
-            x = _prologue(x_ptr, r_ptr, nw_ptr, rows, offs_k, mask2, stride_x, stride_r, K, rstd, PRO, MODE)
+        x = _one_pass_input(x_ptr, r_ptr, nw_ptr, res_out_ptr, rows, offs_k, mask2, stride_x, stride_r, stride_ro, K, eps, pid, rstd, PRO, MODE)  # fmt: skip
         x = x.to(w.dtype)  # exact (model-dtype values): half the registers the tile holds over the loop
         for tile in range(pid, num_tiles, nprog):
             offs_n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -287,12 +295,7 @@ def _gemv_tiles(x_ptr, r_ptr, nw_ptr, w_ptr, y_ptr, res_out_ptr, M, N, K, stride
             mask_n = offs_n < N
             wrows = offs_n[:, None].to(tl.int64) * stride_w
             acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-            for k0 in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
-                offs_k = k0 + tl.arange(0, BLOCK_K)
-                mk = offs_k < K
-                x = _prologue(x_ptr, r_ptr, nw_ptr, rows, offs_k, mask_m[:, None] & mk[None, :], stride_x, stride_r, K, rstd, PRO, MODE)  # fmt: skip
-                w = tl.load(w_ptr + wrows + offs_k[None, :], mask=mask_n[:, None] & mk[None, :], other=0.0)
-                acc = _mac(acc, x, w, USE_DOT, MODE, EXACT_DOT)
+            acc = _k_loop(acc, x_ptr, r_ptr, nw_ptr, w_ptr, rows, mask_m, wrows, mask_n, K, stride_x, stride_r, rstd, PRO, MODE, BLOCK_K, NUM_STAGES, EXACT_DOT, USE_DOT)  # fmt: skip
             tl.store(y_ptr + rows * stride_y + offs_n[None, :], acc.to(y_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])  # fmt: skip
 
 

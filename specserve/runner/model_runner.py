@@ -328,7 +328,7 @@ class ModelRunner:
         self.graphs: dict[int, BucketedGraphs] = {}
         self.use_fused_step = False
         # --enforce-eager keeps the padded path (same kernels, same shapes as the graphs) and only skips capture
-        padded = cfg.padded_decode if cfg.padded_decode is not None else (self.device.type == "cuda")
+        padded = self._padded_path()
         self.use_padded = padded
         self.async_scheduling = self.async_spec = False
         if not padded:
@@ -391,12 +391,15 @@ class ModelRunner:
         self._spec_flip = 0
         self._spec_cols = torch.arange(k + 1, device=dev)
 
+    def _padded_path(self) -> bool:
+        """Decode / verify (and prefill) steps padded to static shapes: ``padded_decode``, by default on CUDA."""
+        cfg = self.config
+        return cfg.padded_decode if cfg.padded_decode is not None else (self.device.type == "cuda")
+
     def _prefill_graph_max(self) -> int:
         """Largest prefill-graph bucket (0: none, also with ``SPECSERVE_PREFILL_GRAPHS=0``): the buckets up to the
         first that holds max_model_len tokens, on the padded path."""
-        cfg = self.config
-        padded = cfg.padded_decode if cfg.padded_decode is not None else (self.device.type == "cuda")
-        if not padded or os.environ.get("SPECSERVE_PREFILL_GRAPHS", "1").strip() == "0":
+        if not self._padded_path() or os.environ.get("SPECSERVE_PREFILL_GRAPHS", "1").strip() == "0":
             return 0
         fits = [t for t in PREFILL_GRAPH_TOKENS if t < self.max_model_len]
         return PREFILL_GRAPH_TOKENS[len(fits)] if len(fits) < len(PREFILL_GRAPH_TOKENS) else fits[-1]
