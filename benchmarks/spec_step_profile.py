@@ -112,7 +112,7 @@ def run(a: argparse.Namespace, spec: dict | None) -> list[dict]:
             "kernels_per_step": round(nk / nsteps, 1),
             "kernel_ms_per_step": round(kus / nsteps / 1e3, 3),
             "prefill_ms": round(statistics.median(pre), 2),
-            "top_kernels": [(k[:90], round(c / nsteps, 2), round(us / nsteps, 1)) for k, c, us in table[:16]],
+            "top_kernels": [(k[:90], round(c / nsteps, 2), round(us / nsteps, 1)) for k, c, us in table[:40]],
         }
         if True in timed:
             adt, an, atoks = timed[True]
@@ -133,7 +133,7 @@ def run(a: argparse.Namespace, spec: dict | None) -> list[dict]:
             ),
             flush=True,
         )
-        for name, c, us in row["top_kernels"]:
+        for name, c, us in row["top_kernels"][:24]:
             print(f"   {name[:70]:<70} {c:>6} {us:>8.1f} us/step")
     del llm, eng
     gc.collect()
