@@ -360,3 +360,56 @@ def test_llm_greedy_triton_backend_fused_on_cpu(tiny_qwen3_dir, monkeypatch) -> 
     monkeypatch.setenv("SPECSERVE_FUSED_KERNELS", "0")  # the opt-out
     llm = LLM(tiny_qwen3_dir, dtype="float32", device="cpu", attention_backend="triton", num_gpu_blocks=16)
     assert not llm.engine.runner.backend.fused
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("transposed", [False, True])
+def test_dflash_context_kv_store_fused(dtype: torch.dtype, transposed: bool) -> None:
+    """The DFlash context K/V (fc, hidden norm, the stacked K/V GEMM, k norm, RoPE, store into every layer's
+    cache) on the fused kernels (one ``rope_store`` with no q heads per layer) equals the eager ops'; slot -1
+    rows write nothing; the transposed weight layout computes the same."""
+    from specserve.models.dflash import DFlashDraftModel
+
+    raw = {
+        "hidden_size": 48,
+        "intermediate_size": 80,
+        "num_hidden_layers": 3,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1e6,
+        "dflash_config": {"mask_token_id": 0, "target_layer_ids": [1, 2]},
+    }
+    torch.manual_seed(0)
+    model = DFlashDraftModel(raw, target_hidden=48, max_position=64).to(dtype)
+    init_dummy_weights(model, seed=3, std=0.15)
+    model.stack_context_weights()
+    model.eval().requires_grad_(False)
+    g = torch.Generator().manual_seed(4)
+    feats = rand((7, 96), dtype, g)
+    pos = torch.tensor([3, 4, 5, 6, 20, 21, 40])
+    slots = torch.tensor([3, 4, -1, 6, 17, -1, 40])
+    caches = {}
+    for name, backend in (("ref", TorchAttentionBackend()), ("fused", fused_backend("triton"))):
+        if name == "fused" and transposed:
+            model.transpose_weights()
+            model.transpose_weights()  # idempotent
+            assert model.ctx_kv_weight.shape == (48, 3 * 2 * 2 * 16)
+        caches[name] = [
+            (torch.zeros(6, 8, 2, 16, dtype=dtype), torch.zeros(6, 8, 2, 16, dtype=dtype)) for _ in range(3)
+        ]
+        model.store_context_kv(feats, pos, slots, caches[name], backend)
+    k_ref, v_ref = model.context_kv(feats, pos)  # the eager values, [L, N, n_kv, hd]
+    written = slots >= 0
+    for layer, ((kc, vc), (kr, vr)) in enumerate(zip(caches["fused"], caches["ref"])):
+        flat_k, flat_v = kc.view(-1, 2, 16), vc.view(-1, 2, 16)
+        assert torch.count_nonzero(flat_k.abs().sum((1, 2))) == int(written.sum())  # nothing at slot -1
+        if dtype == torch.float32:
+            torch.testing.assert_close(kc, kr, atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(vc, vr, atol=1e-5, rtol=1e-5)
+        else:
+            assert_ulp_close(flat_k[slots[written]], k_ref[layer][written])
+            assert_ulp_close(flat_v[slots[written]], v_ref[layer][written])
+            assert_ulp_close(kc, kr)
+            assert_ulp_close(vc, vr)

@@ -78,3 +78,41 @@ def test_transpose_decoder_linears_counts_and_is_idempotent(tiny_qwen3_dir):
     layers = llm.engine.runner.model.layers
     assert transpose_decoder_linears(layers) == 4 * len(layers)
     assert transpose_decoder_linears(layers) == 0  # already transposed: nothing to do
+
+
+def test_drafters_follow_the_transposed_layout(often_qwen3_dir, tmp_path, monkeypatch):
+    """DFlash K=4 and EAGLE-3 K=3 on a transposed target are transposed with it (projections + fc), stay lossless,
+    and draft what the nn.Linear layout drafts (the same accepted counts per position; the target here makes
+    half the drafts right, so a wrong transposed drafter would show)."""
+    from drafters import make_dflash, make_eagle3
+
+    from specserve import LLM, SamplingParams
+
+    prompts = ["The capital of France is", "1 2 3 4 5 6", "def f(x):"]
+    sp = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    kw = dict(dtype="float32", device="cpu", num_gpu_blocks=32)
+    monkeypatch.setenv("SPECSERVE_WEIGHT_LAYOUT", "nk")
+    llm = LLM(often_qwen3_dir, **kw)
+    plain = [o.outputs[0].token_ids for o in llm.generate(prompts, sp)]
+    cfg = llm.engine.runner.model.config
+    dflash = make_dflash(
+        tmp_path / "d", cfg.hidden_size, cfg.num_hidden_layers, cfg.vocab_size, layer_ids=[0, 1]
+    )
+    eagle = make_eagle3(tmp_path / "e", cfg.hidden_size, cfg.num_hidden_layers, cfg.vocab_size)
+    for spec in (
+        {"method": "dflash", "model": dflash, "num_speculative_tokens": 4},
+        {"method": "eagle3", "model": eagle, "num_speculative_tokens": 3},
+    ):
+        accepted = {}
+        for layout in ("nk", "kn"):
+            monkeypatch.setenv("SPECSERVE_WEIGHT_LAYOUT", layout)
+            llm = LLM(often_qwen3_dir, speculative_config=spec, **kw)
+            drafter = llm.engine.runner.proposer.model
+            n_t = sum(isinstance(m, TransposedLinear) for m in drafter.modules())
+            n_layers = len(drafter.layers) if spec["method"] == "dflash" else 1
+            assert n_t == (4 * n_layers + 1 if layout == "kn" else 0)  # + fc
+            assert [o.outputs[0].token_ids for o in llm.generate(prompts, sp)] == plain
+            m = llm.get_metrics()
+            accepted[layout] = m["spec_decode_num_accepted_tokens_per_pos"]
+        assert sum(accepted["nk"]) > 0, spec["method"]
+        assert accepted["kn"] == accepted["nk"], spec["method"]

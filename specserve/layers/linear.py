@@ -14,6 +14,7 @@ launch-bound batch-1 decode did not gain (1006 vs 985 tok/s, within run-to-run n
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 
 import torch
 from torch import nn
@@ -49,7 +50,7 @@ class TransposedLinear(nn.Module):
         return y if self.bias is None else y + self.bias
 
 
-def transpose_decoder_linears(layers: nn.ModuleList) -> int:
+def transpose_decoder_linears(layers: Iterable[nn.Module]) -> int:
     """Replace each decoder layer's qkv / o / gate_up / down ``nn.Linear`` by a :class:`TransposedLinear` (the
     original weight is freed as it goes, so the peak is one layer's projections); returns how many."""
     n = 0

@@ -306,7 +306,9 @@ def rope_store(
     ``qkv`` [T, (Hq + 2 Hk) D] (rows contiguous); ``positions`` [T]; ``cos``/``sin`` the rotary tables
     [max_position, D] (fp32, rotate-half layout); ``q_norm_weight``/``k_norm_weight`` [D] or both None;
     caches [num_blocks, block_size, Hk, D]; ``slot_mapping`` [T] int32/int64 (-1 writes nothing). Equals
-    ``Attention.project_qkv`` followed by ``backend.store`` of the torch path.
+    ``Attention.project_qkv`` followed by ``backend.store`` of the torch path. ``num_heads`` 0: ``qkv`` holds k and
+    v only ([T, 2 Hk D], rows may be strided: one layer's slice of the DFlash context K/V), nothing is returned
+    but an empty q.
     """
     t = qkv.shape[0]
     width = (num_heads + 2 * num_kv_heads) * head_dim
@@ -342,7 +344,7 @@ def rope_store(
         return q_out
     block_d = max(16, triton.next_power_of_2(head_dim))
     cap = max(1, 2048 // block_d)
-    block_hq = min(triton.next_power_of_2(num_heads), cap)
+    block_hq = min(triton.next_power_of_2(num_heads), cap) if num_heads else 1
     block_hk = min(triton.next_power_of_2(num_kv_heads), cap)
     q_chunks = triton.cdiv(num_heads, block_hq)
     grid = (t, q_chunks + triton.cdiv(num_kv_heads, block_hk))

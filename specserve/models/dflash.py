@@ -78,6 +78,7 @@ class DFlashDraftModel(nn.Module):
         self.register_buffer("ctx_kv_weight", torch.empty(0), persistent=False)
         self.register_buffer("ctx_kv_bias", torch.empty(0), persistent=False)
         self.register_buffer("ctx_k_norm", torch.empty(0), persistent=False)
+        self.ctx_kv_transposed = False  # ctx_kv_weight stored [H, L*2*n_kv*hd] (transpose_weights)
 
     @torch.no_grad()
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
@@ -107,16 +108,33 @@ class DFlashDraftModel(nn.Module):
                 norms.append(lyr.self_attn.k_norm.weight)  # type: ignore[arg-type]
         self.ctx_k_norm = torch.stack(norms, 0) if norms else torch.empty(0)
 
+    def transpose_weights(self) -> None:
+        """The target's transposed decode GEMM layout (layers/linear.py) for the drafter too: every layer's
+        projections, ``fc`` and the stacked context K/V matrix. After ``stack_context_weights``; idempotent."""
+        from specserve.layers.linear import TransposedLinear, transpose_decoder_linears
+
+        transpose_decoder_linears(self.layers)
+        if isinstance(self.fc, nn.Linear):
+            self.fc = TransposedLinear(self.fc)  # type: ignore[assignment]
+        if not self.ctx_kv_transposed:
+            self.ctx_kv_weight = self.ctx_kv_weight.t().contiguous()
+            self.ctx_kv_transposed = True
+
+    def _context_gemm(self, c: torch.Tensor) -> torch.Tensor:
+        """[N, H] -> every layer's k/v rows [N, L*2*n_kv*hd] (one GEMM)."""
+        bias = self.ctx_kv_bias if self.ctx_kv_bias.numel() else None
+        if self.ctx_kv_transposed:
+            kv = torch.matmul(c, self.ctx_kv_weight)
+            return kv if bias is None else kv + bias
+        return torch.nn.functional.linear(c, self.ctx_kv_weight, bias)
+
     def context_kv(
         self, features: torch.Tensor, positions: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """features [N, n_t*H_t] -> (k, v) each [L, N, n_kv, hd], k normed and rotated."""
         cfg = self.cfg
         L, nkv, hd = len(self.layers), cfg.num_key_value_heads, cfg.head_dim
-        c = self.hidden_norm(self.fc(features))
-        kv = torch.nn.functional.linear(
-            c, self.ctx_kv_weight, self.ctx_kv_bias if self.ctx_kv_bias.numel() else None
-        )
+        kv = self._context_gemm(self.hidden_norm(self.fc(features)))
         kv = kv.view(-1, L, 2, nkv, hd)
         k, v = kv[:, :, 0], kv[:, :, 1]
         if self.ctx_k_norm.numel():
@@ -126,6 +144,47 @@ class DFlashDraftModel(nn.Module):
         n = k.shape[0]
         k = self.rope.rotate(positions.repeat_interleave(L), k.reshape(n * L, nkv, hd)).view(n, L, nkv, hd)
         return k.transpose(0, 1), v.transpose(0, 1)
+
+    def store_context_kv(
+        self,
+        features: torch.Tensor,
+        positions: torch.Tensor,
+        slots: torch.Tensor,
+        caches: list[KVCache],
+        backend: AttentionBackend,
+    ) -> None:
+        """Context K/V of ``features`` [N, n_t*H_t] at ``positions`` into every layer's cache at ``slots`` (-1:
+        none). The fused path (``backend.fused``) runs the fc GEMM, one RMSNorm kernel, the stacked K/V GEMM and
+        one q/k-norm+RoPE+store kernel per layer (``rope_store`` with no q heads) instead of ~30 eager ops."""
+        if not backend.fused:
+            k, v = self.context_kv(features, positions)
+            for layer, (kc, vc) in enumerate(caches):
+                backend.store(k[layer], v[layer], kc, vc, slots)
+            return
+        from specserve.layers.triton_fused import rms_norm, rope_store
+
+        cfg = self.cfg
+        nkv, hd = cfg.num_key_value_heads, cfg.head_dim
+        kv = self._context_gemm(rms_norm(self.fc(features), self.hidden_norm.weight, self.hidden_norm.eps))
+        width = 2 * nkv * hd
+        norm = self.ctx_k_norm if self.ctx_k_norm.numel() else None
+        for layer, (kc, vc) in enumerate(caches):
+            w = norm[layer] if norm is not None else None
+            rope_store(
+                kv[:, layer * width : (layer + 1) * width],
+                positions,
+                self.rope.cos,
+                self.rope.sin,
+                w,
+                w,
+                cfg.rms_norm_eps,
+                kc,
+                vc,
+                slots,
+                0,
+                nkv,
+                hd,
+            )
 
     def forward(
         self,

@@ -155,9 +155,9 @@ class ModelRunner:
         self.model.eval().requires_grad_(False)
         from specserve.layers.linear import transpose_decoder_linears, weight_layout
 
-        if (
-            weight_layout(device, int(model_config.hidden_size)) == "kn"
-        ):  # decode GEMM layout (layers/linear.py)
+        # decode GEMM layout (layers/linear.py); the drafters follow the target's
+        self.weight_layout = weight_layout(device, int(model_config.hidden_size))
+        if self.weight_layout == "kn":
             transpose_decoder_linears(self.model.layers)
         self.model.rope.to(device)
         self.backend = make_backend(config.attention_backend, device)
@@ -389,7 +389,6 @@ class ModelRunner:
         ]
         self._spec_events = [torch.cuda.Event() if cuda else None for _ in range(2)]
         self._spec_flip = 0
-        self._spec_cols = torch.arange(k + 1, device=dev)
 
     def _padded_path(self) -> bool:
         """Decode / verify (and prefill) steps padded to static shapes: ``padded_decode``, by default on CUDA."""
@@ -742,23 +741,19 @@ class ModelRunner:
                 src_budget, src_first = src_budget.index_select(0, sel), src_first.index_select(0, sel)
             else:
                 src_packed = src_packed[:n]
-            cols = self._spec_cols
-            n_acc = torch.minimum(src_packed[:, q].clamp(0, K), src_nd)
-            bonus = src_packed.gather(1, n_acc[:, None])
-            drafts = src_packed[:, q + 1 : q + 1 + K]
-            num_draft = torch.where(drafts[:, 0] >= 0, (src_budget - n_acc).clamp(0, K), 0)
-            budget = src_budget - n_acc - 1
-            first = src_first + n_acc + 1
-            pos = first[:, None] + cols[None, :]
-            ids = torch.cat([bonus, torch.where(cols[None, 1:] <= num_draft[:, None], drafts, 0)], 1)
-            blk = pos // bs
-            bid = v.bt[:n].gather(1, blk.clamp(0, buf.max_blocks - 1)).long()
-            valid = (cols[None, :] <= num_draft[:, None]) & (bid >= 0) & (blk < buf.max_blocks)
-            slots = torch.where(valid, bid * bs + pos % bs, -1)
-            v.ids[: n * q].copy_(ids.view(-1))
-            v.pos[: n * q].copy_(pos.view(-1))
-            v.slots[: n * q].copy_(slots.view(-1))
-            v.seq[:n].copy_(first + q)
+            # one Triton kernel on the fused path (one launch instead of ~25: host time), else its torch spec
+            from specserve.spec import step_kernels
+
+            step_inputs = (
+                step_kernels.async_step_inputs if self.backend.fused else step_kernels.async_step_inputs_ref
+            )
+            ids, pos, slots, seq, num_draft, budget, first = step_inputs(
+                src_packed, src_nd, src_budget, src_first, v.bt[:n], K, bs
+            )
+            v.ids[: n * q].copy_(ids)
+            v.pos[: n * q].copy_(pos)
+            v.slots[: n * q].copy_(slots)
+            v.seq[:n].copy_(seq)
             v.aux[:n, 0].copy_(num_draft)
             v.aux[:n, 1].copy_(budget)
             self.num_async_spec_steps += 1
@@ -770,8 +765,10 @@ class ModelRunner:
         out = self.proposer.run_fused_step(features, packed)
         self.num_fast_steps += 1
         self.num_fused_steps += 1
-        # this step's own copies: the next step's fill overwrites the buffers these views read
-        num_draft, budget = num_draft.clone(), budget.clone()
+        # this step's own copies: the next step's fill overwrites the buffers these views read (the kernel's
+        # outputs are fresh tensors already)
+        if prev is None:
+            num_draft, budget = num_draft.clone(), budget.clone()
         ev = self._spec_events[self._spec_flip]
         if ev is None:  # CPU: already computed
             return InflightSpec(list(items), out, out[:n].clone(), None, num_draft, budget, first)

@@ -69,6 +69,8 @@ class DFlashProposer(Proposer):
             )
         if not dummy:
             self.model.load_weights(sd.items())
+        if runner.weight_layout == "kn":
+            self.model.transpose_weights()
         self.model.eval().requires_grad_(False)
         self.runner = runner
         self.caches: list[tuple[torch.Tensor, torch.Tensor]] = []
@@ -132,35 +134,26 @@ class DFlashProposer(Proposer):
         capture = self._fused_step_mode(buf, "DFlash")
         if capture is None:
             return False
-        q, bs, mb, dev = K + 1, runner.block_size, buf.max_blocks, runner.device
-        cols = torch.arange(q, device=dev)
-        masks = torch.full((buf.max_batch, K), self.model.mask_token_id, dtype=torch.long, device=dev)
-        backend = runner.backend
+        from specserve.spec.step_kernels import dflash_query_inputs, dflash_query_inputs_ref
+
+        q, bs, backend = K + 1, runner.block_size, runner.backend
+        # the per-request bookkeeping: one Triton kernel on the fused path, its torch specification elsewhere
+        query_inputs = dflash_query_inputs if backend.fused else dflash_query_inputs_ref
+        mask_id = self.model.mask_token_id
 
         def fn(b: int) -> torch.Tensor:
             assert self._fused_in is not None
             feats, packed = self._fused_in
             v = buf.views(b)
-            num_draft = v.aux[:, 0].long().clamp(0, K)
-            budget = v.aux[:, 1].long()  # max_drafts = max(0, budget - n_acc)
-            n_acc = torch.minimum(packed[:, q].clamp(0, K), num_draft)
-            # 1) context K/V of rows 0..n_acc (the input token, the accepted drafts) at the target's verify slots
-            ctx_slots = torch.where(cols[None, :] <= n_acc[:, None], v.slots.view(b, q), -1).view(-1)
-            k, val = self.model.context_kv(feats, v.pos)
-            for layer, (kc, vc) in enumerate(self.caches):
-                backend.store(k[layer], val[layer], kc, vc, ctx_slots)
-            # 2) query block [bonus, MASK x K] at first .. first+K (first: the bonus token's position); only for
-            #    real requests that draft (budget left) and whose block table covers the block
-            bonus = packed.gather(1, n_acc[:, None])
-            first = v.pos.view(b, q)[:, 0] + n_acc + 1
-            qpos = first[:, None] + cols[None, :]
-            blk = qpos // bs
-            bid = v.bt.gather(1, blk.clamp(0, mb - 1)).long()
-            covered = ((bid >= 0) & (blk < mb)).all(1)
-            active = (v.seq > 0) & covered & (budget > n_acc)
-            qpos = torch.where(active[:, None], qpos, 0)
-            qslots = torch.where(active[:, None], bid * bs + qpos % bs, -1).view(-1)
-            qseq = torch.where(active, first + q, 0).to(torch.int32)
+            # ctx_slots: the verify slots of rows 0..n_acc (the input token, the accepted drafts); the query block
+            # [bonus, MASK x K] at first .. first+K (first: the bonus token's position), only for real requests
+            # that draft (budget left) and whose block table covers the block
+            ctx_slots, ids, qpos, qslots, qseq, active = query_inputs(
+                packed, v.aux, v.pos, v.slots, v.bt, v.seq, K, mask_id, bs
+            )
+            # 1) context K/V of the committed rows at the target's verify slots
+            self.model.store_context_kv(feats, v.pos, ctx_slots, self.caches, backend)
+            # 2) the query pass
             meta = AttnMetadata(
                 buf.qsl[: b + 1],
                 qseq,
@@ -170,8 +163,7 @@ class DFlashProposer(Proposer):
                 max_seq_len=runner.max_model_len + q,
                 causal=False,
             )
-            embeds = runner.model.embed_tokens(torch.cat([bonus, masks[:b]], 1).view(-1))
-            hidden = self.model(embeds, qpos.view(-1), meta, self.caches, backend)
+            hidden = self.model(runner.model.embed_tokens(ids), qpos, meta, self.caches, backend)
             drafts = runner.model.compute_logits(hidden.view(b, q, -1)[:, 1:]).argmax(-1)
             return torch.cat([packed, torch.where(active[:, None], drafts, -1)], 1)
 
@@ -212,9 +204,9 @@ class DFlashProposer(Proposer):
         if rows:
             pos = torch.tensor(ctx.positions, dtype=torch.long, device=dev)
             slots = torch.tensor(ctx.slots, dtype=torch.long, device=dev)
-            k, v = self.model.context_kv(features[torch.tensor(rows, device=dev)], pos)
-            for layer, (kc, vc) in enumerate(self.caches):
-                backend.store(k[layer], v[layer], kc, vc, slots)
+            self.model.store_context_kv(
+                features[torch.tensor(rows, device=dev)], pos, slots, self.caches, backend
+            )
         # 2) one non-causal pass over [last token, MASK x K] for the requests that draft
         K = self.num_speculative_tokens
         drafting = [i for i, inp in enumerate(inputs) if inp.draft and inp.max_drafts > 0]
