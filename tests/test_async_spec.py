@@ -115,6 +115,25 @@ def test_identical_to_sync(k, batch, often_qwen3_dir, dflash_dir):
     assert any(0 < nd < k for nd, _ in obs_want)
 
 
+def test_identical_to_sync_on_the_fused_kernels(often_qwen3_dir, dflash_dir):
+    """The GPU's path: the fused Triton kernels (interpreted here, hence short), whose async step inputs come from
+    one bookkeeping kernel (spec/step_kernels.py) instead of the torch ops; batch 1 takes one-row column views.
+    Batches of several requests run that kernel in test_step_kernels.py."""
+    batch = 1
+    kw = dict(attention_backend="triton")
+    sync = _llm(often_qwen3_dir, dflash_dir, 4, False, **kw)
+    asy = _llm(often_qwen3_dir, dflash_dir, 4, True, **kw)
+    assert asy.engine.runner.backend.fused
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in [36][:batch]]
+    want, obs_want = _run(sync, PROMPTS[:batch], params)
+    got, obs_got = _run(asy, PROMPTS[:batch], params)
+    assert got == want
+    assert obs_got == obs_want
+    _check_metrics(sync, asy)
+    assert asy.engine.runner.num_async_spec_steps > 0
+    assert len({na for nd, na in obs_want if nd == 4}) >= 2
+
+
 def test_identical_to_sync_eagle3(often_qwen3_dir, tmp_path):
     """The fused EAGLE-3 step pipelines the same way (the runner's contract is the drafter's fused step)."""
     from drafters import make_eagle3

@@ -724,7 +724,7 @@ class ModelRunner:
             buf.fill(b, rows, bs, aux, faux)
             num_draft = v.aux[:n, 0].long()
             budget = v.aux[:n, 1].long()
-            first = v.pos.view(b, q)[:n, 0].clone()
+            first = v.pos.view(b, q)[:n, 0].contiguous().clone()
         else:
             # block tables (allocated for the worst case) and sampling parameters on the host; everything else
             # from prev on the device (aux columns 0-1, num_draft and budget, are overwritten below)

@@ -265,7 +265,8 @@ def async_step_inputs(
     if prev_packed.shape[1] < q + 1 + k or prev_packed.stride(1) != 1 or bt.stride(1) != 1:
         raise ValueError(f"prev_packed [n, >={q + 1 + k}] and bt contiguous in their last dimension expected")
     for t in (prev_num_draft, prev_budget, prev_first):
-        if t.shape != (n,) or t.dtype != torch.int64 or t.stride(0) != 1:
+        # is_contiguous, not stride 1: a one-request column view (stride q) is contiguous and read at index 0
+        if t.shape != (n,) or t.dtype != torch.int64 or not t.is_contiguous():
             raise ValueError(f"num_draft, budget and first must be contiguous int64 [{n}]")
     dev = prev_packed.device
     ids = torch.empty(n * q, dtype=torch.int64, device=dev)
