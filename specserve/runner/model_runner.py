@@ -389,6 +389,20 @@ class ModelRunner:
         ]
         self._spec_events = [torch.cuda.Event() if cuda else None for _ in range(2)]
         self._spec_flip = 0
+        if self.async_spec and self.backend.fused:
+            self._warm_async_step_inputs()
+
+    def _warm_async_step_inputs(self) -> None:
+        """Compile the async step's bookkeeping kernel (``launch_spec``) now rather than at the first pipelined
+        step (Triton compiles on first use, per pointer alignment: the block tables of each bucket's layout)."""
+        from specserve.spec.step_kernels import async_step_inputs
+
+        k = self.num_speculative_tokens
+        buf = self.padded[k + 1]
+        packed = torch.full((1, 2 * k + 2), -1, dtype=torch.int64, device=self.device)
+        zero = torch.zeros(1, dtype=torch.int64, device=self.device)
+        for b in self.graphs[k + 1].buckets:
+            async_step_inputs(packed, zero, zero, zero, buf.views(b).bt[:1], k, self.block_size)
 
     def _padded_path(self) -> bool:
         """Decode / verify (and prefill) steps padded to static shapes: ``padded_decode``, by default on CUDA."""
