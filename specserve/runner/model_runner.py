@@ -381,8 +381,8 @@ class ModelRunner:
         self._async_events = [torch.cuda.Event() if cuda else None for _ in range(2)]
         self._async_flip = 0
         # async fused speculative steps (see launch_spec): likewise, rows of q + 1 + K
-        # opt-in (None = off): on the H200 identical tokens; DFlash K=15 6.50 vs 6.46 ms on an 8B shape (session 3),
-        # 1.70 vs 1.77 ms on SmolLM2 (session 10)
+        # opt-in (None = off): on the H200 identical tokens; DFlash K=15 6.40 vs 6.19 ms on an 8B shape (GPU-bound),
+        # 1.44 vs 1.44-1.56 ms on SmolLM2 (session 11)
         self.async_spec = bool(cfg.async_spec) and self.use_fused_step
         self._spec_host = [
             torch.zeros((max_b, 2 * k + 2), dtype=torch.int64, pin_memory=cuda) for _ in range(2)

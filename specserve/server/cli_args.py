@@ -192,7 +192,8 @@ def make_arg_parser() -> OneLineArgumentParser:
         action=argparse.BooleanOptionalAction,
         default=None,
         help="Launch the next fused speculative step (DFlash, EAGLE-3; greedy or unseeded sampling) before the "
-        "current one's tokens reach the host (default: off; on the H200: 4% faster steps on SmolLM2, none on an 8B shape).",
+        "current one's tokens reach the host (default: off; on the H200: 0-8% faster steps on SmolLM2, 3% slower on an "
+        "8B shape, where the step is GPU-bound).",
     )
     e.add_argument(
         "--load-format",
