@@ -93,6 +93,18 @@ def _check_metrics(sync: LLM, asy: LLM) -> None:
     assert {k: ma[k] for k in keys} == {k: ms[k] for k in keys}
 
 
+def _same_as_sync(sync: LLM, asy: LLM, prompts, params) -> list:  # type: ignore[no-untyped-def]
+    """Run both engines to the end: the pipelined one answers exactly what the synchronous one does (outputs per
+    step, verified drafts, metrics) and did pipeline; returns the observed (num_draft, num_accepted)."""
+    want, obs_want = _run(sync, prompts, params)
+    got, obs_got = _run(asy, prompts, params)
+    assert got == want
+    assert obs_got == obs_want
+    _check_metrics(sync, asy)
+    assert asy.engine.runner.num_async_spec_steps > 0
+    return obs_want
+
+
 @pytest.mark.parametrize("k", [4, 15])
 @pytest.mark.parametrize("batch", [1, 3])
 def test_identical_to_sync(k, batch, often_qwen3_dir, dflash_dir):
@@ -100,12 +112,7 @@ def test_identical_to_sync(k, batch, often_qwen3_dir, dflash_dir):
     asy = _llm(often_qwen3_dir, dflash_dir, k, True)
     lens = [120, 97, 105] if k == 15 else [90, 57, 66]
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in lens[:batch]]
-    want, obs_want = _run(sync, PROMPTS[:batch], params)
-    got, obs_got = _run(asy, PROMPTS[:batch], params)
-    assert got == want
-    assert obs_got == obs_want
-    _check_metrics(sync, asy)
-    assert asy.engine.runner.num_async_spec_steps > 0
+    obs_want = _same_as_sync(sync, asy, PROMPTS[:batch], params)
     assert sync.engine.runner.num_async_spec_steps == 0
     accepted = {na for nd, na in obs_want if nd == k}
     assert 0 in accepted and len(accepted) >= 4
@@ -119,18 +126,12 @@ def test_identical_to_sync_on_the_fused_kernels(often_qwen3_dir, dflash_dir):
     """The GPU's path: the fused Triton kernels (interpreted here, hence short), whose async step inputs come from
     one bookkeeping kernel (spec/step_kernels.py) instead of the torch ops; batch 1 takes one-row column views.
     Batches of several requests run that kernel in test_step_kernels.py."""
-    batch = 1
     kw = dict(attention_backend="triton")
     sync = _llm(often_qwen3_dir, dflash_dir, 4, False, **kw)
     asy = _llm(often_qwen3_dir, dflash_dir, 4, True, **kw)
     assert asy.engine.runner.backend.fused
-    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in [36][:batch]]
-    want, obs_want = _run(sync, PROMPTS[:batch], params)
-    got, obs_got = _run(asy, PROMPTS[:batch], params)
-    assert got == want
-    assert obs_got == obs_want
-    _check_metrics(sync, asy)
-    assert asy.engine.runner.num_async_spec_steps > 0
+    params = [SamplingParams(temperature=0, max_tokens=36, ignore_eos=True)]
+    obs_want = _same_as_sync(sync, asy, PROMPTS[:1], params)
     assert len({na for nd, na in obs_want if nd == 4}) >= 2
 
 
@@ -142,11 +143,7 @@ def test_identical_to_sync_eagle3(often_qwen3_dir, tmp_path):
     sync = _llm(often_qwen3_dir, eagle, 4, False, method="eagle3")
     asy = _llm(often_qwen3_dir, eagle, 4, True, method="eagle3")
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (70, 41, 55)]
-    want, obs_want = _run(sync, PROMPTS, params)
-    got, obs_got = _run(asy, PROMPTS, params)
-    assert got == want and obs_got == obs_want
-    _check_metrics(sync, asy)
-    assert asy.engine.runner.num_async_spec_steps > 0
+    obs_want = _same_as_sync(sync, asy, PROMPTS, params)
     assert len({na for nd, na in obs_want if nd == 4}) >= 2
 
 

@@ -1,5 +1,6 @@
 """The speculative step's bookkeeping kernels (specserve/spec/step_kernels.py, interpreted on CPU) compute the
-same integers as their torch specifications, over random verify outputs, budgets, block tables and padding."""
+same integers as their torch specifications (specserve/spec/step_inputs.py), over random verify outputs, budgets,
+block tables and padding."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import torch
 
 pytest.importorskip("triton")
 
+from specserve.spec import step_inputs as si  # noqa: E402
 from specserve.spec import step_kernels as sk  # noqa: E402
 
 if type(sk._dflash_query_kernel).__name__ != "InterpretedFunction":
@@ -47,7 +49,7 @@ def test_dflash_query_inputs_kernel_matches_ref(k: int) -> None:
         bt = _tables(g, b, mb)
         seq = torch.where(torch.arange(b) < b - 1, first + q, 0).to(torch.int32)  # the last row: padding
         args = (packed, aux, pos, slots, bt, seq, k, 77, bs)
-        ref = sk.dflash_query_inputs_ref(*args)
+        ref = si.dflash_query_inputs_ref(*args)
         out = sk.dflash_query_inputs(*args)
         names = ["ctx_slots", "ids", "qpos", "qslots", "qseq", "active"]
         for name, r, o in zip(names, ref, out):
@@ -71,7 +73,7 @@ def test_async_step_inputs_kernel_matches_ref(k: int, seed: int) -> None:
     prev_first = torch.randint(0, 10, (n,), generator=g)
     bt = _tables(g, n, mb)
     args = (prev, prev_nd, prev_budget, prev_first, bt, k, bs)
-    ref = sk.async_step_inputs_ref(*args)
+    ref = si.async_step_inputs_ref(*args)
     out = sk.async_step_inputs(*args)
     names = ["ids", "pos", "slots", "seq", "num_draft", "budget", "first"]
     for name, r, o in zip(names, ref, out):

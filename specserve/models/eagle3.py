@@ -80,6 +80,14 @@ class Eagle3DraftModel(nn.Module):
             )
         self.d2t = self.d2t.to(self.fc.weight.device)
 
+    def transpose_weights(self) -> None:
+        """The target's transposed decode GEMM layout (layers/linear.py): the layer's projections and ``fc``."""
+        from specserve.layers.linear import TransposedLinear, transpose_decoder_linears
+
+        transpose_decoder_linears([self])
+        if isinstance(self.fc, nn.Linear):
+            self.fc = TransposedLinear(self.fc)  # type: ignore[assignment]
+
     def forward(
         self,
         embeds: torch.Tensor,

@@ -389,20 +389,24 @@ class ModelRunner:
         ]
         self._spec_events = [torch.cuda.Event() if cuda else None for _ in range(2)]
         self._spec_flip = 0
-        if self.async_spec and self.backend.fused:
-            self._warm_async_step_inputs()
+        # step N+1's inputs from step N's output: one Triton kernel on the fused path (one launch instead of ~25
+        # eager ops: host time), else its torch specification (spec/step_inputs.py)
+        if self.use_fused_step:
+            from specserve.spec.step_inputs import step_input_fns
+
+            self._async_step_inputs = step_input_fns(self.backend.fused)[1]
+            if self.async_spec and self.backend.fused:
+                self._warm_async_step_inputs()
 
     def _warm_async_step_inputs(self) -> None:
         """Compile the async step's bookkeeping kernel (``launch_spec``) now rather than at the first pipelined
         step (Triton compiles on first use, per pointer alignment: the block tables of each bucket's layout)."""
-        from specserve.spec.step_kernels import async_step_inputs
-
         k = self.num_speculative_tokens
         buf = self.padded[k + 1]
         packed = torch.full((1, 2 * k + 2), -1, dtype=torch.int64, device=self.device)
         zero = torch.zeros(1, dtype=torch.int64, device=self.device)
         for b in self.graphs[k + 1].buckets:
-            async_step_inputs(packed, zero, zero, zero, buf.views(b).bt[:1], k, self.block_size)
+            self._async_step_inputs(packed, zero, zero, zero, buf.views(b).bt[:1], k, self.block_size)
 
     def _padded_path(self) -> bool:
         """Decode / verify (and prefill) steps padded to static shapes: ``padded_decode``, by default on CUDA."""
@@ -736,9 +740,11 @@ class ModelRunner:
             ]
             aux = [[len(s.spec_token_ids), self._draft_budget(s.req, 1), p[1]] for s, p in zip(items, params)]
             buf.fill(b, rows, bs, aux, faux)
+            # this step's own copies (the next step's fill overwrites the buffers read here): .long() of the
+            # int32 columns copies; first is copied contiguous for the bookkeeping kernel of the next step
             num_draft = v.aux[:n, 0].long()
             budget = v.aux[:n, 1].long()
-            first = v.pos.view(b, q)[:n, 0].contiguous().clone()
+            first = v.pos.view(b, q)[:n, 0].clone(memory_format=torch.contiguous_format)
         else:
             # block tables (allocated for the worst case) and sampling parameters on the host; everything else
             # from prev on the device (aux columns 0-1, num_draft and budget, are overwritten below)
@@ -755,13 +761,7 @@ class ModelRunner:
                 src_budget, src_first = src_budget.index_select(0, sel), src_first.index_select(0, sel)
             else:
                 src_packed = src_packed[:n]
-            # one Triton kernel on the fused path (one launch instead of ~25: host time), else its torch spec
-            from specserve.spec import step_kernels
-
-            step_inputs = (
-                step_kernels.async_step_inputs if self.backend.fused else step_kernels.async_step_inputs_ref
-            )
-            ids, pos, slots, seq, num_draft, budget, first = step_inputs(
+            ids, pos, slots, seq, num_draft, budget, first = self._async_step_inputs(
                 src_packed, src_nd, src_budget, src_first, v.bt[:n], K, bs
             )
             v.ids[: n * q].copy_(ids)
@@ -779,10 +779,6 @@ class ModelRunner:
         out = self.proposer.run_fused_step(features, packed)
         self.num_fast_steps += 1
         self.num_fused_steps += 1
-        # this step's own copies: the next step's fill overwrites the buffers these views read (the kernel's
-        # outputs are fresh tensors already)
-        if prev is None:
-            num_draft, budget = num_draft.clone(), budget.clone()
         ev = self._spec_events[self._spec_flip]
         if ev is None:  # CPU: already computed
             return InflightSpec(list(items), out, out[:n].clone(), None, num_draft, budget, first)

@@ -134,11 +134,11 @@ class DFlashProposer(Proposer):
         capture = self._fused_step_mode(buf, "DFlash")
         if capture is None:
             return False
-        from specserve.spec.step_kernels import dflash_query_inputs, dflash_query_inputs_ref
+        from specserve.spec.step_inputs import step_input_fns
 
         q, bs, backend = K + 1, runner.block_size, runner.backend
         # the per-request bookkeeping: one Triton kernel on the fused path, its torch specification elsewhere
-        query_inputs = dflash_query_inputs if backend.fused else dflash_query_inputs_ref
+        query_inputs = step_input_fns(backend.fused)[0]
         mask_id = self.model.mask_token_id
 
         def fn(b: int) -> torch.Tensor:

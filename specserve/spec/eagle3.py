@@ -50,10 +50,7 @@ class Eagle3Proposer(Proposer):
         else:
             self.model.load_weights(ckpt.iter_weights(runner.dtype))
         if runner.weight_layout == "kn":  # the target's decode GEMM layout (layers/linear.py)
-            from specserve.layers.linear import TransposedLinear, transpose_decoder_linears
-
-            transpose_decoder_linears([self.model])
-            self.model.fc = TransposedLinear(self.model.fc)  # type: ignore[assignment]
+            self.model.transpose_weights()
         self.model.eval().requires_grad_(False)
         if self.model.lm_head is None and self.model.draft_vocab_size != tc.vocab_size:
             raise ValueError(
