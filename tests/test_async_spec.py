@@ -279,3 +279,32 @@ def test_opt_in(often_qwen3_dir, dflash_dir):
     # opt-in until measured on a GPU: async_scheduling alone does not turn it on
     assert not LLM(often_qwen3_dir, async_scheduling=True, **kw).engine.runner.async_spec  # type: ignore[arg-type]
     assert LLM(often_qwen3_dir, async_spec=True, **kw).engine.runner.async_spec  # type: ignore[arg-type]
+
+
+def test_padded_cpu_path_needs_no_triton(often_qwen3_dir, dflash_dir):
+    """A CPU install without triton (README's first command installs none) runs the padded fused step and the
+    async pipeline on the torch specifications of the step bookkeeping (spec/step_inputs.py)."""
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent(
+        f"""
+        import importlib.abc, sys
+        class Block(importlib.abc.MetaPathFinder):
+            def find_spec(self, name, path, target=None):
+                if name.split(".")[0] == "triton":
+                    raise ImportError("no triton here")
+        sys.meta_path.insert(0, Block())
+        from specserve import LLM, SamplingParams
+        llm = LLM({often_qwen3_dir!r}, dtype="float32", device="cpu", max_num_seqs=2, padded_decode=True,
+                  async_spec=True,
+                  speculative_config={{"method": "dflash", "model": {dflash_dir!r}, "num_speculative_tokens": 4}})
+        out = llm.generate(["a"], SamplingParams(temperature=0, max_tokens=32, ignore_eos=True))
+        r = llm.engine.runner
+        print(len(out[0].outputs[0].token_ids), r.use_fused_step, r.num_async_spec_steps > 0, "triton" in sys.modules)
+        """
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.split()[-4:] == ["32", "True", "True", "False"]
