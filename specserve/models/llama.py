@@ -11,7 +11,7 @@ carried beside the hidden state (vLLM style), ~9 launches per layer instead of ~
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import cast
 
 import torch
@@ -199,8 +199,12 @@ def run_layers_fused(
     backend: AttentionBackend,
     norm: RMSNorm,
     tap_indices: Iterable[int] = (),
+    prefetch: Callable[[torch.Tensor, str], None] | None = None,
 ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
     """The decoder stack plus final norm on the fused kernels: returns (norm(output), taps).
+
+    ``prefetch`` (an :class:`specserve.layers.l2_prefetch.L2Prefetcher`): the layers run as
+    :func:`_layer_fused_prefetch`, prefetching each GEMM's weights into L2 ahead of the small kernels before it.
 
     ``taps[i]`` is the residual stream entering layer i (i = number of layers: the stack's output), i.e. HF's
     ``hidden_states[i]``: the value the torch path's ``h`` has there (the fused adds round as ``h = h + x``).
@@ -209,12 +213,24 @@ def run_layers_fused(
     taps: dict[int, torch.Tensor] = {}
     run_layer = _layer_gemv if _gemv_path(layers, h) else _layer_fused
     x, residual = h, None
+    if prefetch is not None and len(layers) and run_layer is _layer_fused:
+        from specserve.layers.l2_prefetch import weight_of
+
+        prefetch(weight_of(cast(DecoderLayer, layers[0]).self_attn.qkv_proj), "qkv")
     for i, mod in enumerate(layers):
-        x, entering, residual = run_layer(
-            cast(DecoderLayer, mod), x, residual, positions, meta, caches[i], backend
-        )
+        if prefetch is not None and run_layer is _layer_fused:
+            nxt = cast(DecoderLayer, layers[i + 1]) if i + 1 < len(layers) else None
+            x, entering, residual = _layer_fused_prefetch(
+                cast(DecoderLayer, mod), x, residual, positions, meta, caches[i], backend, prefetch, nxt
+            )
+        else:
+            x, entering, residual = run_layer(
+                cast(DecoderLayer, mod), x, residual, positions, meta, caches[i], backend
+            )
         if i in want:
             taps[i] = entering
+    if prefetch is not None:
+        getattr(prefetch, "join", lambda: None)()
     out, residual = add_rms_norm(x, residual, norm)
     if len(layers) in want:
         taps[len(layers)] = residual
@@ -238,6 +254,45 @@ def _layer_fused(
     normed, entering = add_rms_norm(x, residual, layer.input_layernorm)
     x, after_attn = layer.forward_fused(normed, entering, positions, meta, cache, backend)
     return x, entering, after_attn
+
+
+def _layer_fused_prefetch(
+    layer: DecoderLayer,
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    positions: torch.Tensor,
+    meta: AttnMetadata,
+    cache: KVCache,
+    backend: AttentionBackend,
+    prefetch: Callable[[torch.Tensor, str], None],
+    nxt: DecoderLayer | None,
+) -> LayerOut:
+    """``_layer_fused`` (same kernels, same values) with an L2 prefetch of each GEMM's weights issued before the
+    small kernels that precede it: o_proj's before q/k norm + RoPE + store and attention, gate_up's before the
+    add + RMSNorm, down's before SiLU-mul, the next layer's qkv before its add + RMSNorm."""
+    from specserve.layers.l2_prefetch import weight_of
+    from specserve.layers.triton_fused import fused_add_rms_norm, silu_mul
+
+    attn, mlp, pn = layer.self_attn, layer.mlp, layer.post_attention_layernorm
+    join = getattr(prefetch, "join", lambda: None)
+    normed, entering = add_rms_norm(x, residual, layer.input_layernorm)
+    join()
+    qkv = attn.qkv_proj(normed)
+    prefetch(weight_of(attn.o_proj), "o")
+    a = attn.attend(attn.rope_store_qkv(qkv, positions, meta, cache), meta, cache, backend)
+    join()
+    o = attn.o_proj(a)
+    prefetch(weight_of(mlp.gate_up_proj), "gate_up")
+    h, after_attn = fused_add_rms_norm(o, entering, pn.weight, pn.eps)
+    join()
+    gu = mlp.gate_up_proj(h)
+    prefetch(weight_of(mlp.down_proj), "down")
+    s = silu_mul(gu, mlp.intermediate)
+    join()
+    down = mlp.down_proj(s)
+    if nxt is not None:
+        prefetch(weight_of(nxt.self_attn.qkv_proj), "qkv")
+    return down, entering, after_attn
 
 
 def _gemv_path(layers: nn.ModuleList, h: torch.Tensor) -> bool:
@@ -297,6 +352,8 @@ class DecoderLM(nn.Module):
         self.tap_indices: list[int] = []
         self.kv_caches: list[KVCache] = []
         self.backend: AttentionBackend | None = None
+        # an L2Prefetcher (layers/l2_prefetch.py) set by the runner for large targets on CUDA, or None
+        self.l2_prefetch: Callable[[torch.Tensor, str], None] | None = None
 
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttnMetadata
@@ -307,7 +364,15 @@ class DecoderLM(nn.Module):
         want = self.tap_indices
         if self.backend.fused:
             out, by_index = run_layers_fused(
-                self.layers, h, positions, meta, self.kv_caches, self.backend, self.norm, want
+                self.layers,
+                h,
+                positions,
+                meta,
+                self.kv_caches,
+                self.backend,
+                self.norm,
+                want,
+                self.l2_prefetch,
             )
             return out, (torch.cat([by_index[j] for j in want], dim=-1) if want else None)
         taps: list[torch.Tensor] = []

@@ -159,6 +159,9 @@ class ModelRunner:
         self.weight_layout = weight_layout(device, int(model_config.hidden_size))
         if self.weight_layout == "kn":
             transpose_decoder_linears(self.model.layers)
+            from specserve.layers.l2_prefetch import from_env
+
+            self.model.l2_prefetch = from_env(torch.device(device))
         self.model.rope.to(device)
         self.backend = make_backend(config.attention_backend, device)
         self.model.backend = self.backend
