@@ -116,3 +116,90 @@ def test_drafters_follow_the_transposed_layout(often_qwen3_dir, tmp_path, monkey
             accepted[layout] = m["spec_decode_num_accepted_tokens_per_pos"]
         assert sum(accepted["nk"]) > 0, spec["method"]
         assert accepted["kn"] == accepted["nk"], spec["method"]
+
+
+@pytest.mark.parametrize("splits", [1, 2, 4])
+@pytest.mark.parametrize("lead", [(1,), (3,), (2, 3)])
+def test_split_partials_sum_to_the_product(splits, lead):
+    """TransposedLinear.partials: S fp32 partial products over equal input slices; their sum is the product."""
+    torch.manual_seed(0)
+    t = TransposedLinear(nn.Linear(24, 40, bias=False))
+    x = torch.randn(*lead, 24)
+    p = t.partials(x, splits)
+    assert p.shape == (splits, *lead, 40) and p.dtype == torch.float32
+    torch.testing.assert_close(p.sum(0), t(x), rtol=1e-5, atol=1e-5)
+    for s in range(splits):  # partial s is exactly the slice's product
+        k = 24 // splits
+        sl = x[..., s * k : (s + 1) * k] @ t.weight_t[s * k : (s + 1) * k]
+        torch.testing.assert_close(p[s], sl, rtol=1e-6, atol=1e-6)
+    with pytest.raises(ValueError, match="divisible"):
+        t.partials(x, 5)
+    with pytest.raises(ValueError, match="no bias"):
+        TransposedLinear(nn.Linear(24, 40)).partials(x, 2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("splits", [2, 4])
+def test_add_rms_norm_sums_split_partials(dtype, splits):
+    """The add + RMSNorm kernel (interpreted) over a split GEMM's fp32 partials == the same kernel on their sum
+    rounded to the model dtype (what one GEMM would return), bit for bit."""
+    from specserve.layers.triton_fused import fused_add_rms_norm, fused_add_rms_norm_partials
+
+    torch.manual_seed(1)
+    parts = torch.randn(splits, 3, 64) * 3
+    residual = torch.randn(3, 64).to(dtype)
+    w = (torch.rand(64) + 0.5).to(dtype)
+    x = parts[0].clone()
+    for s in range(1, splits):  # the kernel's order
+        x += parts[s]
+    ref_out, ref_res = fused_add_rms_norm(x.to(dtype), residual, w, 1e-6)
+    out, res = fused_add_rms_norm_partials(parts, residual, w, 1e-6)
+    assert torch.equal(res, ref_res) and torch.equal(out, ref_out)
+    with pytest.raises(ValueError, match="partials must be"):
+        fused_add_rms_norm_partials(parts[:, :2], residual, w, 1e-6)
+
+
+def test_split_gemm_config(monkeypatch):
+    from specserve.layers.linear import split_gemm_config
+
+    monkeypatch.delenv("SPECSERVE_SPLIT_GEMM", raising=False)
+    assert split_gemm_config("cuda", "kn") == {}
+    monkeypatch.setenv("SPECSERVE_SPLIT_GEMM", "o=4,down=1")
+    assert split_gemm_config("cuda", "kn") == {"o": 4}  # 1: not split
+    assert split_gemm_config("cuda", "nk") == {}  # nn.Linear's layout: never
+    for bad in ("qkv=2", "o=x", "o=0"):
+        monkeypatch.setenv("SPECSERVE_SPLIT_GEMM", bad)
+        with pytest.raises(ValueError, match="SPECSERVE_SPLIT_GEMM"):
+            split_gemm_config("cuda", "kn")
+
+
+def test_engine_tokens_unchanged_with_split_gemm(tiny_qwen3_dir, tmp_path, monkeypatch):
+    """Fused path (triton backend, interpreted) on transposed weights with o_proj / down_proj as split-K partials:
+    the greedy tokens of plain decoding and of DFlash K=4 equal the unsplit engine's (float32)."""
+    from drafters import make_dflash
+
+    from specserve import LLM, SamplingParams
+
+    monkeypatch.setenv("SPECSERVE_WEIGHT_LAYOUT", "kn")
+    monkeypatch.delenv("SPECSERVE_FUSED_KERNELS", raising=False)
+    prompts = ["The capital of France is", "1 2 3 4 5 6", "def f(x):"]
+    sp = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+    kw = dict(dtype="float32", device="cpu", num_gpu_blocks=32, attention_backend="triton")
+    calls = []
+    real = TransposedLinear.partials
+    monkeypatch.setattr(TransposedLinear, "partials", lambda self, x, s: calls.append(s) or real(self, x, s))
+    outs = {}
+    for cfg in ("0", "o=2,down=4"):
+        monkeypatch.setenv("SPECSERVE_SPLIT_GEMM", cfg)
+        llm = LLM(tiny_qwen3_dir, **kw)
+        assert llm.engine.runner.model.split_gemm == ({} if cfg == "0" else {"o": 2, "down": 4})
+        outs[cfg] = [o.outputs[0].token_ids for o in llm.generate(prompts, sp)]
+        assert (len(calls) > 0) == (cfg != "0") and set(calls) <= {2, 4}
+    assert outs["o=2,down=4"] == outs["0"]
+    mc = llm.engine.runner.model.config
+    dflash = make_dflash(tmp_path / "d", mc.hidden_size, mc.num_hidden_layers, mc.vocab_size, layer_ids=[0, 1])
+    spec = {"method": "dflash", "model": dflash, "num_speculative_tokens": 4}
+    llm = LLM(tiny_qwen3_dir, speculative_config=spec, **kw)
+    assert llm.engine.runner.model.split_gemm == {"o": 2, "down": 4}
+    assert [o.outputs[0].token_ids for o in llm.generate(prompts, sp)] == outs["0"]
+    assert llm.get_metrics()["spec_decode_num_drafts"] > 0

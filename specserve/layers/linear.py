@@ -43,11 +43,46 @@ class TransposedLinear(nn.Module):
         self.weight_t = nn.Parameter(linear.weight.detach().t().contiguous(), requires_grad=False)
         self.bias = linear.bias
 
+    def partials(self, x: torch.Tensor, splits: int) -> torch.Tensor:
+        """The product as ``splits`` fp32 partial outputs [S, *x.shape[:-1], out] over equal slices of the inputs
+        (a batched GEMM over views of the stored weight: S x the CTAs of one GEMM at a decode step's few rows);
+        their sum, rounded to x's dtype, is ``forward(x)`` up to the accumulation order. No bias."""
+        k, n = self.in_features, self.out_features
+        if self.bias is not None or k % splits:
+            raise ValueError(f"partials: no bias and {k} inputs divisible by {splits} splits")
+        lead = x.shape[:-1]
+        xs = x.reshape(-1, splits, k // splits).transpose(0, 1)  # [S, T, K/S]
+        w3 = self.weight_t.view(splits, k // splits, n)
+        if x.is_cuda:
+            out = torch.bmm(xs, w3, out_dtype=torch.float32)
+        else:  # CPU has no bf16 -> fp32 bmm
+            out = torch.bmm(xs.float(), w3.float())
+        return out.view(splits, *lead, n)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.bias is not None and x.dim() == 2:
             return torch.addmm(self.bias, x, self.weight_t)
         y = torch.matmul(x, self.weight_t)
         return y if self.bias is None else y + self.bias
+
+
+SPLIT_MAX_ROWS = 16  # split-K partials only for decode / verify steps of at most this many rows
+
+
+def split_gemm_config(device: torch.device | str, layout: str) -> dict[str, int]:
+    """Splits per projection (``o``, ``down``) for the split-K decode GEMMs of :meth:`TransposedLinear.partials`:
+    ``SPECSERVE_SPLIT_GEMM`` = ``o=S,down=S`` (``0``: none), default none; transposed weights only."""
+    raw = os.environ.get("SPECSERVE_SPLIT_GEMM", "").strip()
+    out: dict[str, int] = {}
+    if raw in ("", "0") or layout != "kn":
+        return out
+    for part in raw.split(","):
+        name, _, val = part.strip().partition("=")
+        if name not in ("o", "down") or not val.isdigit() or int(val) < 1:
+            raise ValueError(f"SPECSERVE_SPLIT_GEMM: expected o=S,down=S (S >= 1), got {raw!r}")
+        if int(val) > 1:
+            out[name] = int(val)
+    return out
 
 
 def transpose_decoder_linears(layers: Iterable[nn.Module]) -> int:

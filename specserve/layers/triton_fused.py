@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["fused_add_rms_norm", "rms_norm", "rope_store", "silu_mul"]
+__all__ = ["fused_add_rms_norm", "fused_add_rms_norm_partials", "rms_norm", "rope_store", "silu_mul"]
 
 _FP32, _BF16, _FP16 = 0, 1, 2
 
@@ -64,17 +64,23 @@ def _rms_norm_kernel(
     stride_r,
     stride_o,
     stride_ro,
+    stride_xs,
     n_cols,
     eps,
     BLOCK: tl.constexpr,
     HAS_RES: tl.constexpr,
     MODE: tl.constexpr,
     OUT_MODE: tl.constexpr,
+    NSPLIT: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     mask = offs < n_cols
     x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
+    if NSPLIT > 1:  # x: a split-K GEMM's fp32 partial outputs, summed here and rounded as the GEMM's output
+        for s in tl.static_range(1, NSPLIT):
+            x += tl.load(x_ptr + s * stride_xs + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
+        x = _round(x, MODE)
     if HAS_RES:
         r = tl.load(res_ptr + row * stride_r + offs, mask=mask, other=0.0).to(tl.float32)
         x = _round(x + r, MODE)  # h = h + x in the model dtype
@@ -87,8 +93,14 @@ def _rms_norm_kernel(
 
 
 def _launch_rms_norm(
-    x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    weight: torch.Tensor,
+    eps: float,
+    partials: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``partials`` [S, *x.shape] (then ``x`` is only a template of the GEMM output's shape and dtype): x = their
+    sum, rounded to x's dtype."""
     n = x.shape[-1]
     if weight.shape != (n,):
         raise ValueError(f"weight must be [{n}]; got {tuple(weight.shape)}")
@@ -97,7 +109,7 @@ def _launch_rms_norm(
             f"residual must match x: {tuple(residual.shape)} {residual.dtype} vs {tuple(x.shape)} {x.dtype}"
         )
     x2 = x.reshape(-1, n)
-    if x2.stride(-1) != 1:
+    if x2.stride(-1) != 1 and partials is None:
         x2 = x2.contiguous()
     out_dtype = torch.promote_types(weight.dtype, x.dtype)
     out = torch.empty(x2.shape, dtype=out_dtype, device=x.device)
@@ -105,28 +117,38 @@ def _launch_rms_norm(
         r2 = residual.reshape(-1, n)
         if r2.stride(-1) != 1:
             r2 = r2.contiguous()
-        res_out = torch.empty_like(x2)
+        res_out = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
     else:
         r2 = res_out = x2  # unused
     rows = x2.shape[0]
+    src, stride_src, stride_split, nsplit = x2, x2.stride(0), 0, 1
+    if partials is not None:
+        if partials.dim() != x.dim() + 1 or tuple(partials.shape[1:]) != tuple(x.shape):
+            raise ValueError(f"partials must be [S, {tuple(x.shape)}]; got {tuple(partials.shape)}")
+        src = partials.reshape(partials.shape[0], -1, n)
+        if src.stride(-1) != 1:
+            src = src.contiguous()
+        stride_src, stride_split, nsplit = src.stride(1), src.stride(0), src.shape[0]
     if rows > 0:
         block = triton.next_power_of_2(n)
         _rms_norm_kernel[(rows,)](
-            x2,
+            src,
             r2,
             weight,
             out,
             res_out,
-            x2.stride(0),
+            stride_src,
             r2.stride(0),
             out.stride(0),
             res_out.stride(0),
+            stride_split,
             n,
             float(eps),
             BLOCK=block,
             HAS_RES=residual is not None,
             MODE=_mode(x.dtype),
             OUT_MODE=_mode(out_dtype),
+            NSPLIT=nsplit,
             num_warps=min(16, max(1, block // 256)),
         )
     return out.view(x.shape), (res_out.view(x.shape) if residual is not None else None)
@@ -145,6 +167,17 @@ def fused_add_rms_norm(
     ``h`` is the residual stream value the torch path computes (``h = h + x``) bit for bit.
     """
     out, res = _launch_rms_norm(x, residual, weight, eps)
+    assert res is not None
+    return out, res
+
+
+def fused_add_rms_norm_partials(
+    partials: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`fused_add_rms_norm` of ``x`` = the sum of a split-K GEMM's fp32 ``partials`` [S, *residual.shape]
+    rounded to the residual's dtype (what one GEMM returns, up to its accumulation order), in the same kernel."""
+    x = torch.empty(1, device=residual.device, dtype=residual.dtype).expand(residual.shape)  # shape, dtype
+    out, res = _launch_rms_norm(x, residual, weight, eps, partials=partials)
     assert res is not None
     return out, res
 

@@ -11,7 +11,8 @@ carried beside the hidden state (vLLM style), ~9 launches per layer instead of ~
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import functools
+from collections.abc import Iterable
 from typing import cast
 
 import torch
@@ -20,6 +21,7 @@ from torch import nn
 
 from specserve.config import ModelConfig
 from specserve.layers.attention import AttentionBackend, AttnMetadata
+from specserve.layers.linear import SPLIT_MAX_ROWS
 from specserve.layers.norm import RMSNorm
 from specserve.layers.rotary import RotaryEmbedding
 
@@ -183,10 +185,12 @@ def add_rms_norm(
     x: torch.Tensor, residual: torch.Tensor | None, norm: RMSNorm
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Fused path: ``h = residual + x`` (just ``x`` when ``residual`` is None), returns (norm(h), h)."""
-    from specserve.layers.triton_fused import fused_add_rms_norm, rms_norm
+    from specserve.layers.triton_fused import fused_add_rms_norm, fused_add_rms_norm_partials, rms_norm
 
     if residual is None:
         return rms_norm(x, norm.weight, norm.eps), x
+    if x.dim() == residual.dim() + 1:  # a split-K GEMM's fp32 partials (_layer_fused_split)
+        return fused_add_rms_norm_partials(x, residual, norm.weight, norm.eps)
     return fused_add_rms_norm(x, residual, norm.weight, norm.eps)
 
 
@@ -199,12 +203,12 @@ def run_layers_fused(
     backend: AttentionBackend,
     norm: RMSNorm,
     tap_indices: Iterable[int] = (),
-    prefetch: Callable[[torch.Tensor, str], None] | None = None,
+    split_gemm: dict[str, int] | None = None,
 ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
     """The decoder stack plus final norm on the fused kernels: returns (norm(output), taps).
 
-    ``prefetch`` (an :class:`specserve.layers.l2_prefetch.L2Prefetcher`): the layers run as
-    :func:`_layer_fused_prefetch`, prefetching each GEMM's weights into L2 ahead of the small kernels before it.
+    ``split_gemm`` (``{"o": S, "down": S}``, transposed weights): steps of at most ``SPLIT_MAX_ROWS`` rows run
+    those projections as split-K partials summed by the add + RMSNorm after them (:func:`_layer_fused_split`).
 
     ``taps[i]`` is the residual stream entering layer i (i = number of layers: the stack's output), i.e. HF's
     ``hidden_states[i]``: the value the torch path's ``h`` has there (the fused adds round as ``h = h + x``).
@@ -212,25 +216,15 @@ def run_layers_fused(
     want = set(tap_indices)
     taps: dict[int, torch.Tensor] = {}
     run_layer = _layer_gemv if _gemv_path(layers, h) else _layer_fused
+    if split_gemm and run_layer is _layer_fused and h.shape[0] <= SPLIT_MAX_ROWS:
+        run_layer = functools.partial(_layer_fused_split, splits=split_gemm)
     x, residual = h, None
-    if prefetch is not None and len(layers) and run_layer is _layer_fused:
-        from specserve.layers.l2_prefetch import weight_of
-
-        prefetch(weight_of(cast(DecoderLayer, layers[0]).self_attn.qkv_proj), "qkv")
     for i, mod in enumerate(layers):
-        if prefetch is not None and run_layer is _layer_fused:
-            nxt = cast(DecoderLayer, layers[i + 1]) if i + 1 < len(layers) else None
-            x, entering, residual = _layer_fused_prefetch(
-                cast(DecoderLayer, mod), x, residual, positions, meta, caches[i], backend, prefetch, nxt
-            )
-        else:
-            x, entering, residual = run_layer(
-                cast(DecoderLayer, mod), x, residual, positions, meta, caches[i], backend
-            )
+        x, entering, residual = run_layer(
+            cast(DecoderLayer, mod), x, residual, positions, meta, caches[i], backend
+        )
         if i in want:
             taps[i] = entering
-    if prefetch is not None:
-        getattr(prefetch, "join", lambda: None)()
     out, residual = add_rms_norm(x, residual, norm)
     if len(layers) in want:
         taps[len(layers)] = residual
@@ -256,7 +250,7 @@ def _layer_fused(
     return x, entering, after_attn
 
 
-def _layer_fused_prefetch(
+def _layer_fused_split(
     layer: DecoderLayer,
     x: torch.Tensor,
     residual: torch.Tensor | None,
@@ -264,34 +258,22 @@ def _layer_fused_prefetch(
     meta: AttnMetadata,
     cache: KVCache,
     backend: AttentionBackend,
-    prefetch: Callable[[torch.Tensor, str], None],
-    nxt: DecoderLayer | None,
+    splits: dict[str, int],
 ) -> LayerOut:
-    """``_layer_fused`` (same kernels, same values) with an L2 prefetch of each GEMM's weights issued before the
-    small kernels that precede it: o_proj's before q/k norm + RoPE + store and attention, gate_up's before the
-    add + RMSNorm, down's before SiLU-mul, the next layer's qkv before its add + RMSNorm."""
-    from specserve.layers.l2_prefetch import weight_of
+    """``_layer_fused`` with o_proj and / or down_proj as S-way split-K batched GEMMs whose fp32 partials the next
+    add + RMSNorm sums (no reduce kernel; S x the CTAs at a decode step's few rows). ``x`` may be the previous
+    layer's down partials [S, T, H]; the layer returns its own (the final norm sums the last layer's)."""
     from specserve.layers.triton_fused import fused_add_rms_norm, silu_mul
 
     attn, mlp, pn = layer.self_attn, layer.mlp, layer.post_attention_layernorm
-    join = getattr(prefetch, "join", lambda: None)
     normed, entering = add_rms_norm(x, residual, layer.input_layernorm)
-    join()
-    qkv = attn.qkv_proj(normed)
-    prefetch(weight_of(attn.o_proj), "o")
-    a = attn.attend(attn.rope_store_qkv(qkv, positions, meta, cache), meta, cache, backend)
-    join()
-    o = attn.o_proj(a)
-    prefetch(weight_of(mlp.gate_up_proj), "gate_up")
-    h, after_attn = fused_add_rms_norm(o, entering, pn.weight, pn.eps)
-    join()
-    gu = mlp.gate_up_proj(h)
-    prefetch(weight_of(mlp.down_proj), "down")
-    s = silu_mul(gu, mlp.intermediate)
-    join()
-    down = mlp.down_proj(s)
-    if nxt is not None:
-        prefetch(weight_of(nxt.self_attn.qkv_proj), "qkv")
+    a = attn.attend(attn.rope_store_qkv(attn.qkv_proj(normed), positions, meta, cache), meta, cache, backend)
+    o = attn.o_proj.partials(a, splits["o"]) if "o" in splits else attn.o_proj(a)
+    h, after_attn = (
+        add_rms_norm(o, entering, pn) if o.dim() == 3 else fused_add_rms_norm(o, entering, pn.weight, pn.eps)
+    )
+    s = silu_mul(mlp.gate_up_proj(h), mlp.intermediate)
+    down = mlp.down_proj.partials(s, splits["down"]) if "down" in splits else mlp.down_proj(s)
     return down, entering, after_attn
 
 
@@ -352,8 +334,8 @@ class DecoderLM(nn.Module):
         self.tap_indices: list[int] = []
         self.kv_caches: list[KVCache] = []
         self.backend: AttentionBackend | None = None
-        # an L2Prefetcher (layers/l2_prefetch.py) set by the runner for large targets on CUDA, or None
-        self.l2_prefetch: Callable[[torch.Tensor, str], None] | None = None
+        # split-K decode GEMMs (layers/linear.py split_gemm_config), set by the runner for transposed weights
+        self.split_gemm: dict[str, int] = {}
 
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttnMetadata
@@ -372,7 +354,7 @@ class DecoderLM(nn.Module):
                 self.backend,
                 self.norm,
                 want,
-                self.l2_prefetch,
+                self.split_gemm,
             )
             return out, (torch.cat([by_index[j] for j in want], dim=-1) if want else None)
         taps: list[torch.Tensor] = []

@@ -153,15 +153,13 @@ class ModelRunner:
         else:
             self.model.load_weights(weights)  # type: ignore[arg-type]
         self.model.eval().requires_grad_(False)
-        from specserve.layers.linear import transpose_decoder_linears, weight_layout
+        from specserve.layers.linear import split_gemm_config, transpose_decoder_linears, weight_layout
 
         # decode GEMM layout (layers/linear.py); the drafters follow the target's
         self.weight_layout = weight_layout(device, int(model_config.hidden_size))
         if self.weight_layout == "kn":
             transpose_decoder_linears(self.model.layers)
-            from specserve.layers.l2_prefetch import from_env
-
-            self.model.l2_prefetch = from_env(torch.device(device))
+            self.model.split_gemm = split_gemm_config(device, self.weight_layout)
         self.model.rope.to(device)
         self.backend = make_backend(config.attention_backend, device)
         self.model.backend = self.backend

@@ -1,0 +1,93 @@
+"""Plain decode step of a target (random weights, graphs, batch 1-8) per value of one SPECSERVE_* knob, one run.
+
+    python benchmarks/decode_env_sweep.py --config-dir .bench/qwen3-8b --env SPECSERVE_SPLIT_GEMM \
+        --values 0 o=4 o=4,down=2 [--batches 1] [--out FILE]
+
+Per value: a fresh engine (the knob is read at start / capture), ms per engine step over 64 greedy tokens after a
+128-token prompt (best of 3 runs), whether the greedy tokens equal the first value's (random bf16 weights: a GEMM's
+accumulation order may flip a near-tie), and the weight-read floor of step_latency.py measured in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from step_latency import copy_bandwidth, count_steps, read_bandwidth, read_weight_bytes  # noqa: E402
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--config-dir", required=True)
+    ap.add_argument("--env", required=True)
+    ap.add_argument("--values", nargs="+", required=True)
+    ap.add_argument("--batches", nargs="+", type=int, default=[1])
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--out", default="benchmarks/results/decode_env_sweep.json")
+    args = ap.parse_args()
+    from specserve import LLM, SamplingParams
+
+    bw, read_bw = copy_bandwidth(), read_bandwidth()
+    dram = max(bw, read_bw)
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(1000, 100000, (128,), generator=g).tolist() for _ in range(max(args.batches))]
+    rows: list[dict] = []
+    ref: dict[int, list] = {}
+    for value in args.values:
+        os.environ[args.env] = value
+        llm = LLM(args.config_dir, load_format="dummy", dtype="bfloat16", device="cuda", max_model_len=2048,
+                  max_num_seqs=max(args.batches), enable_prefix_caching=False, gpu_memory_utilization=0.5)  # fmt: skip
+        steps = count_steps(llm.engine)
+        wb = read_weight_bytes(llm.engine.runner.model)
+        for b in args.batches:
+            ps = [{"prompt_token_ids": p} for p in prompts[:b]]
+            sp = SamplingParams(temperature=0, max_tokens=args.tokens, ignore_eos=True)
+            toks = [o.outputs[0].token_ids for o in llm.generate(ps, sp)]  # warm-up, and the tokens
+            best = float("inf")
+            for _ in range(3):
+                steps["n"] = 0
+                t0 = time.perf_counter()
+                llm.generate(ps, sp)
+                best = min(best, 1e3 * (time.perf_counter() - t0) / max(1, steps["n"]))
+            same = ref.setdefault(b, toks) == toks
+            common = sum(
+                next((i for i, (x, y) in enumerate(zip(a, r)) if x != y), len(a))
+                for a, r in zip(toks, ref[b])
+            ) / sum(len(a) for a in toks)
+            row = {"env": args.env, "value": value, "batch": b, "step_ms": round(best, 3),
+                   "x_floor": round(best / (1e3 * wb / dram), 3), "same_tokens_as_first": same,
+                   "common_prefix": round(common, 3)}  # fmt: skip
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+        del llm
+        gc.collect()
+        torch.cuda.empty_cache()
+    floor_ms = 1e3 * wb / dram
+    print(f"\nweight-read floor {floor_ms:.3f} ms (DRAM {dram / 1e12:.2f} TB/s)")
+    print(f"{args.env:30} {'batch':>5} {'step ms':>8} {'x floor':>7} {'same':>5}")
+    for r in rows:
+        print(f"{r['value']:30} {r['batch']:>5} {r['step_ms']:>8.3f} {r['x_floor']:>7.3f} {str(r['same_tokens_as_first']):>5}")  # fmt: skip
+    try:
+        rev = subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True).strip()
+    except Exception:  # noqa: BLE001
+        rev = "unknown"
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"command": " ".join(["python"] + sys.argv), "git_revision": rev,
+                               "gpu": torch.cuda.get_device_name(), "dram_Bps": dram,
+                               "weight_read_floor_ms": floor_ms, "rows": rows}, indent=2))  # fmt: skip
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
