@@ -167,7 +167,7 @@ def test_split_gemm_config(monkeypatch):
     monkeypatch.setenv("SPECSERVE_SPLIT_GEMM", "o=4,down=1")
     assert split_gemm_config("cuda", "kn") == {"o": 4}  # 1: not split
     assert split_gemm_config("cuda", "nk") == {}  # nn.Linear's layout: never
-    for bad in ("qkv=2", "o=x", "o=0"):
+    for bad in ("gate_up=2", "o=x", "o=0"):
         monkeypatch.setenv("SPECSERVE_SPLIT_GEMM", bad)
         with pytest.raises(ValueError, match="SPECSERVE_SPLIT_GEMM"):
             split_gemm_config("cuda", "kn")
@@ -189,17 +189,51 @@ def test_engine_tokens_unchanged_with_split_gemm(tiny_qwen3_dir, tmp_path, monke
     real = TransposedLinear.partials
     monkeypatch.setattr(TransposedLinear, "partials", lambda self, x, s: calls.append(s) or real(self, x, s))
     outs = {}
-    for cfg in ("0", "o=2,down=4"):
+    for cfg in ("0", "qkv=2,o=2,down=4"):
         monkeypatch.setenv("SPECSERVE_SPLIT_GEMM", cfg)
         llm = LLM(tiny_qwen3_dir, **kw)
-        assert llm.engine.runner.model.split_gemm == ({} if cfg == "0" else {"o": 2, "down": 4})
+        assert llm.engine.runner.model.split_gemm == ({} if cfg == "0" else {"qkv": 2, "o": 2, "down": 4})
         outs[cfg] = [o.outputs[0].token_ids for o in llm.generate(prompts, sp)]
         assert (len(calls) > 0) == (cfg != "0") and set(calls) <= {2, 4}
-    assert outs["o=2,down=4"] == outs["0"]
+    assert outs["qkv=2,o=2,down=4"] == outs["0"]
     mc = llm.engine.runner.model.config
-    dflash = make_dflash(tmp_path / "d", mc.hidden_size, mc.num_hidden_layers, mc.vocab_size, layer_ids=[0, 1])
+    dflash = make_dflash(
+        tmp_path / "d", mc.hidden_size, mc.num_hidden_layers, mc.vocab_size, layer_ids=[0, 1]
+    )
     spec = {"method": "dflash", "model": dflash, "num_speculative_tokens": 4}
     llm = LLM(tiny_qwen3_dir, speculative_config=spec, **kw)
-    assert llm.engine.runner.model.split_gemm == {"o": 2, "down": 4}
+    assert llm.engine.runner.model.split_gemm == {"qkv": 2, "o": 2, "down": 4}
     assert [o.outputs[0].token_ids for o in llm.generate(prompts, sp)] == outs["0"]
     assert llm.get_metrics()["spec_decode_num_drafts"] > 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rope_store_sums_split_qkv_partials(dtype):
+    """rope_store (interpreted) over the qkv GEMM's fp32 split-K partials == rope_store of their sum rounded to the
+    model dtype: the same q and the same K/V cache contents, bit for bit; slot -1 writes nothing."""
+    from specserve.layers.triton_fused import rope_store
+
+    torch.manual_seed(2)
+    hq, hk, d, t, s = 4, 2, 16, 3, 4
+    parts = torch.randn(s, t, (hq + 2 * hk) * d)
+    x = parts[0].clone()
+    for i in range(1, s):
+        x += parts[i]
+    pos = torch.tensor([0, 5, 9])
+    ang = torch.arange(32)[:, None] * torch.rand(d // 2)[None, :]
+    cos, sin = torch.cat([ang.cos()] * 2, -1), torch.cat([ang.sin()] * 2, -1)
+    qw, kw = (torch.rand(d) + 0.5).to(dtype), (torch.rand(d) + 0.5).to(dtype)
+    slots = torch.tensor([1, -1, 6])
+    outs = []
+    for use_parts in (False, True):
+        kc, vc = torch.zeros(2, 4, hk, d, dtype=dtype), torch.zeros(2, 4, hk, d, dtype=dtype)
+        qkv = torch.empty(1, dtype=dtype).expand(t, x.shape[1]) if use_parts else x.to(dtype)
+        q = rope_store(
+            qkv, pos, cos, sin, qw, kw, 1e-6, kc, vc, slots, hq, hk, d, parts if use_parts else None
+        )
+        outs.append((q, kc, vc))
+    for a, b in zip(*outs):
+        assert torch.equal(a, b)
+    assert outs[0][1].abs().sum() > 0 and outs[0][1].view(8, hk, d)[[0, 2, 3, 4, 5, 7]].abs().sum() == 0
+    with pytest.raises(ValueError, match="partials must be"):
+        rope_store(x.to(dtype), pos, cos, sin, qw, kw, 1e-6, kc, vc, slots, hq, hk, d, parts[:, :2])

@@ -70,16 +70,17 @@ SPLIT_MAX_ROWS = 16  # split-K partials only for decode / verify steps of at mos
 
 
 def split_gemm_config(device: torch.device | str, layout: str) -> dict[str, int]:
-    """Splits per projection (``o``, ``down``) for the split-K decode GEMMs of :meth:`TransposedLinear.partials`:
-    ``SPECSERVE_SPLIT_GEMM`` = ``o=S,down=S`` (``0``: none), default none; transposed weights only."""
+    """Splits per projection (``qkv``, ``o``, ``down``) for the split-K decode GEMMs of
+    :meth:`TransposedLinear.partials`: ``SPECSERVE_SPLIT_GEMM`` = ``qkv=S,o=S,down=S`` (``0``: none), default none;
+    transposed weights only."""
     raw = os.environ.get("SPECSERVE_SPLIT_GEMM", "").strip()
     out: dict[str, int] = {}
     if raw in ("", "0") or layout != "kn":
         return out
     for part in raw.split(","):
         name, _, val = part.strip().partition("=")
-        if name not in ("o", "down") or not val.isdigit() or int(val) < 1:
-            raise ValueError(f"SPECSERVE_SPLIT_GEMM: expected o=S,down=S (S >= 1), got {raw!r}")
+        if name not in ("qkv", "o", "down") or not val.isdigit() or int(val) < 1:
+            raise ValueError(f"SPECSERVE_SPLIT_GEMM: expected qkv=S,o=S,down=S (S >= 1), got {raw!r}")
         if int(val) > 1:
             out[name] = int(val)
     return out

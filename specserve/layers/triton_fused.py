@@ -186,6 +186,18 @@ def fused_add_rms_norm_partials(
 
 
 @triton.jit
+def _load_qkv(ptrs, mask, stride_split, NSPLIT: tl.constexpr, MODE: tl.constexpr):
+    """A qkv tile in fp32: the GEMM output, or the sum of a split-K GEMM's NSPLIT fp32 partials rounded to the
+    model dtype (what one GEMM returns, up to its accumulation order)."""
+    x = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
+    if NSPLIT > 1:
+        for s in tl.static_range(1, NSPLIT):
+            x += tl.load(ptrs + s * stride_split, mask=mask, other=0.0).to(tl.float32)
+        x = _round(x, MODE)
+    return x
+
+
+@triton.jit
 def _norm_rope(
     ptrs,
     partner_ptrs,
@@ -197,16 +209,18 @@ def _norm_rope(
     sin,
     sign,
     eps,
+    stride_split,
     HEAD_DIM: tl.constexpr,
     QK_NORM: tl.constexpr,
     MODE: tl.constexpr,
+    NSPLIT: tl.constexpr,
 ):
     """[heads, BLOCK_D] tile: optional per-head RMSNorm, then ``x * cos + rotate_half(x) * sin``.
 
     ``rotate_half(x)[d]`` is ``sign[d] * x[partner[d]]``; the partner element is loaded (and normed) directly.
     """
-    x = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
-    xp = tl.load(partner_ptrs, mask=mask, other=0.0).to(tl.float32)
+    x = _load_qkv(ptrs, mask, stride_split, NSPLIT, MODE)
+    xp = _load_qkv(partner_ptrs, mask, stride_split, NSPLIT, MODE)
     if QK_NORM:
         rstd = tl.math.rsqrt(tl.sum(x * x, 1) / HEAD_DIM + eps)[:, None]
         d_mask = offs_d < HEAD_DIM
@@ -240,6 +254,7 @@ def _rope_store_kernel(
     stride_vcs,
     stride_vch,
     eps,
+    stride_split,
     NUM_HEADS: tl.constexpr,
     NUM_KV_HEADS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -250,6 +265,7 @@ def _rope_store_kernel(
     BLOCK_SIZE: tl.constexpr,
     QK_NORM: tl.constexpr,
     MODE: tl.constexpr,
+    NSPLIT: tl.constexpr,
 ):
     # One program per (token, chunk of heads): chunks [0, Q_CHUNKS) hold q heads, the rest k (+ v) heads.
     tok = tl.program_id(0).to(tl.int64)
@@ -281,9 +297,11 @@ def _rope_store_kernel(
             sin,
             sign,
             eps,
+            stride_split,
             HEAD_DIM,
             QK_NORM,
             MODE,
+            NSPLIT,
         )
         o_ptrs = q_out_ptr + tok * stride_ot + heads[:, None] * HEAD_DIM + offs_d[None, :]
         tl.store(o_ptrs, q.to(q_out_ptr.dtype.element_ty), mask=mask)
@@ -306,11 +324,13 @@ def _rope_store_kernel(
                 sin,
                 sign,
                 eps,
+                stride_split,
                 HEAD_DIM,
                 QK_NORM,
                 MODE,
+                NSPLIT,
             )
-            v = tl.load(base + NUM_KV_HEADS * HEAD_DIM + offs_d[None, :], mask=mask)
+            v = _load_qkv(base + NUM_KV_HEADS * HEAD_DIM + offs_d[None, :], mask, stride_split, NSPLIT, MODE)
             kc = k_cache_ptr + blk * stride_kcb + off * stride_kcs
             vc = v_cache_ptr + blk * stride_vcb + off * stride_vcs
             kc = kc + heads[:, None] * stride_kch + offs_d[None, :]
@@ -333,8 +353,12 @@ def rope_store(
     num_heads: int,
     num_kv_heads: int,
     head_dim: int,
+    partials: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Split the fused qkv GEMM output, [q/k RMSNorm,] RoPE q and k, store k and v; return q [T, Hq, D].
+
+    ``partials`` [S, T, (Hq + 2 Hk) D] (fp32): the qkv GEMM as a split-K GEMM's partial outputs, summed here and
+    rounded to ``qkv``'s dtype; ``qkv`` is then only a template of the GEMM output's shape and dtype.
 
     ``qkv`` [T, (Hq + 2 Hk) D] (rows contiguous); ``positions`` [T]; ``cos``/``sin`` the rotary tables
     [max_position, D] (fp32, rotate-half layout); ``q_norm_weight``/``k_norm_weight`` [D] or both None;
@@ -345,7 +369,16 @@ def rope_store(
     """
     t = qkv.shape[0]
     width = (num_heads + 2 * num_kv_heads) * head_dim
-    if qkv.dim() != 2 or qkv.shape[1] != width or qkv.stride(1) != 1:
+    src, stride_split, nsplit = qkv, 0, 1
+    if partials is not None:
+        if partials.dim() != 3 or tuple(partials.shape[1:]) != tuple(qkv.shape) or partials.stride(2) != 1:
+            raise ValueError(
+                f"partials must be [S, {tuple(qkv.shape)}] with contiguous rows; got {tuple(partials.shape)}"
+            )
+        src, stride_split, nsplit = partials, partials.stride(0), partials.shape[0]
+    elif qkv.stride(1) != 1:
+        raise ValueError(f"qkv must be [T, {width}] with contiguous rows; got {tuple(qkv.shape)}")
+    if qkv.dim() != 2 or qkv.shape[1] != width:
         raise ValueError(f"qkv must be [T, {width}] with contiguous rows; got {tuple(qkv.shape)}")
     if head_dim % 2:
         raise ValueError(f"head_dim must be even, got {head_dim}")
@@ -383,7 +416,7 @@ def rope_store(
     grid = (t, q_chunks + triton.cdiv(num_kv_heads, block_hk))
     qk_norm = q_norm_weight is not None
     _rope_store_kernel[grid](
-        qkv,
+        src,
         positions,
         cos,
         sin,
@@ -393,7 +426,7 @@ def rope_store(
         v_cache,
         slot_mapping,
         q_out,
-        qkv.stride(0),
+        src.stride(-2),
         cos.stride(0),
         sin.stride(0),
         q_out.stride(0),
@@ -404,6 +437,7 @@ def rope_store(
         v_cache.stride(1),
         v_cache.stride(2),
         float(eps),
+        stride_split,
         NUM_HEADS=num_heads,
         NUM_KV_HEADS=num_kv_heads,
         HEAD_DIM=head_dim,
@@ -414,6 +448,7 @@ def rope_store(
         BLOCK_SIZE=k_cache.shape[1],
         QK_NORM=qk_norm,
         MODE=_mode(qkv.dtype),
+        NSPLIT=nsplit,
         num_warps=4 if max(block_hq, block_hk) * block_d >= 1024 else 2,
     )
     return q_out

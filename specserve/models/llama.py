@@ -86,9 +86,15 @@ class Attention(nn.Module):
         return self._attend_out(q, meta, cache, backend)
 
     def rope_store_qkv(
-        self, qkv: torch.Tensor, positions: torch.Tensor, meta: AttnMetadata, cache: KVCache
+        self,
+        qkv: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttnMetadata,
+        cache: KVCache,
+        partials: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Fused path: split ``qkv``, q/k norm, RoPE, store K/V; returns q."""
+        """Fused path: split ``qkv``, q/k norm, RoPE, store K/V; returns q. ``partials``: the qkv GEMM's split-K
+        fp32 partials (``qkv`` then only gives the shape and dtype; see ``rope_store``)."""
         from specserve.layers.triton_fused import rope_store
 
         qn, kn = self.q_norm, self.k_norm
@@ -106,6 +112,7 @@ class Attention(nn.Module):
             self.num_heads,
             self.num_kv_heads,
             self.head_dim,
+            partials,
         )
 
     def attend(
@@ -207,7 +214,7 @@ def run_layers_fused(
 ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
     """The decoder stack plus final norm on the fused kernels: returns (norm(output), taps).
 
-    ``split_gemm`` (``{"o": S, "down": S}``, transposed weights): steps of at most ``SPLIT_MAX_ROWS`` rows run
+    ``split_gemm`` (``{"qkv": S, "o": S, "down": S}``, transposed weights): steps of at most ``SPLIT_MAX_ROWS`` rows run
     those projections as split-K partials summed by the add + RMSNorm after them (:func:`_layer_fused_split`).
 
     ``taps[i]`` is the residual stream entering layer i (i = number of layers: the stack's output), i.e. HF's
@@ -260,14 +267,22 @@ def _layer_fused_split(
     backend: AttentionBackend,
     splits: dict[str, int],
 ) -> LayerOut:
-    """``_layer_fused`` with o_proj and / or down_proj as S-way split-K batched GEMMs whose fp32 partials the next
-    add + RMSNorm sums (no reduce kernel; S x the CTAs at a decode step's few rows). ``x`` may be the previous
-    layer's down partials [S, T, H]; the layer returns its own (the final norm sums the last layer's)."""
+    """``_layer_fused`` with qkv / o_proj / down_proj as S-way split-K batched GEMMs whose fp32 partials the kernel
+    after them sums (``rope_store``, the add + RMSNorm: no reduce kernel; S x the CTAs at a decode step's few rows).
+    ``x`` may be the previous layer's down partials [S, T, H]; the layer returns its own (the final norm sums the
+    last layer's). A qkv projection with biases (Qwen2) is not split."""
     from specserve.layers.triton_fused import fused_add_rms_norm, silu_mul
 
     attn, mlp, pn = layer.self_attn, layer.mlp, layer.post_attention_layernorm
     normed, entering = add_rms_norm(x, residual, layer.input_layernorm)
-    a = attn.attend(attn.rope_store_qkv(attn.qkv_proj(normed), positions, meta, cache), meta, cache, backend)
+    if "qkv" in splits and attn.qkv_proj.bias is None:
+        parts = attn.qkv_proj.partials(normed, splits["qkv"])
+        shape = (normed.shape[0], parts.shape[-1])  # the GEMM output's shape and dtype, no storage read
+        like = torch.empty(1, dtype=normed.dtype, device=normed.device).expand(shape)
+        q = attn.rope_store_qkv(like, positions, meta, cache, partials=parts)
+    else:
+        q = attn.rope_store_qkv(attn.qkv_proj(normed), positions, meta, cache)
+    a = attn.attend(q, meta, cache, backend)
     o = attn.o_proj.partials(a, splits["o"]) if "o" in splits else attn.o_proj(a)
     h, after_attn = (
         add_rms_norm(o, entering, pn) if o.dim() == 3 else fused_add_rms_norm(o, entering, pn.weight, pn.eps)
