@@ -163,6 +163,10 @@ def test_split_gemm_config(monkeypatch):
     from specserve.layers.linear import split_gemm_config
 
     monkeypatch.delenv("SPECSERVE_SPLIT_GEMM", raising=False)
+    assert split_gemm_config("cuda", "kn") == {"qkv": 4, "o": 4, "down": 4}  # the measured default
+    assert split_gemm_config("cpu", "kn") == {}  # not measured there
+    assert split_gemm_config("cuda", "nk") == {}
+    monkeypatch.setenv("SPECSERVE_SPLIT_GEMM", "0")
     assert split_gemm_config("cuda", "kn") == {}
     monkeypatch.setenv("SPECSERVE_SPLIT_GEMM", "o=4,down=1")
     assert split_gemm_config("cuda", "kn") == {"o": 4}  # 1: not split

@@ -53,7 +53,9 @@ class TransposedLinear(nn.Module):
         lead = x.shape[:-1]
         xs = x.reshape(-1, splits, k // splits).transpose(0, 1)  # [S, T, K/S]
         w3 = self.weight_t.view(splits, k // splits, n)
-        if x.is_cuda:
+        if x.dtype == torch.float32:
+            out = torch.bmm(xs, w3)
+        elif x.is_cuda:  # bf16 / fp16 products accumulated and returned in fp32
             out = torch.bmm(xs, w3, out_dtype=torch.float32)
         else:  # CPU has no bf16 -> fp32 bmm
             out = torch.bmm(xs.float(), w3.float())
@@ -67,13 +69,21 @@ class TransposedLinear(nn.Module):
 
 
 SPLIT_MAX_ROWS = 16  # split-K partials only for decode / verify steps of at most this many rows
+# Session 12 on the H200, Qwen3-8B shape (benchmarks/results/h200-2026-12-03-s12/c4-split-gemm, c5-split-qkv): cuBLAS
+# runs these one-row GEMMs with too few CTAs (o_proj: 64, ~60% of the DRAM rate); as 4-way batched GEMMs over K
+# slices o_proj 13.1 -> 10.6 us, down 28.7 -> 25.9, qkv 16.1 -> 14.3 (and no split-K reduce kernels); plain decode
+# step 4.85 -> 4.62 ms at batch 1, 5.18 -> 5.02 at 8; gate_up (97% of the DRAM rate already) gains nothing.
+DEFAULT_SPLIT_GEMM = "qkv=4,o=4,down=4"
 
 
 def split_gemm_config(device: torch.device | str, layout: str) -> dict[str, int]:
     """Splits per projection (``qkv``, ``o``, ``down``) for the split-K decode GEMMs of
-    :meth:`TransposedLinear.partials`: ``SPECSERVE_SPLIT_GEMM`` = ``qkv=S,o=S,down=S`` (``0``: none), default none;
-    transposed weights only."""
-    raw = os.environ.get("SPECSERVE_SPLIT_GEMM", "").strip()
+    :meth:`TransposedLinear.partials`, transposed weights only: ``SPECSERVE_SPLIT_GEMM`` = ``qkv=S,o=S,down=S``
+    (``0``: none); default :data:`DEFAULT_SPLIT_GEMM` on CUDA, none elsewhere (measured on the H200 only)."""
+    raw = os.environ.get("SPECSERVE_SPLIT_GEMM")
+    if raw is None:
+        raw = DEFAULT_SPLIT_GEMM if torch.device(device).type == "cuda" else ""
+    raw = raw.strip()
     out: dict[str, int] = {}
     if raw in ("", "0") or layout != "kn":
         return out
