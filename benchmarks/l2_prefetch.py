@@ -1,32 +1,190 @@
-"""L2 prefetch on the Qwen3-8B shape (issue #6): does prefetching a GEMM's weights during the small kernels before it
-shorten the decode step?
+"""L2 prefetch on the Qwen3-8B shape (issue #6, session 12): does prefetching a GEMM's weights while the small
+kernels before it run shorten the GEMM? Measured: no (benchmarks/results/h200-2026-12-03-s12/c1-c3).
 
-    python benchmarks/l2_prefetch.py --config-dir .bench/qwen3-8b [--out FILE]
+    python benchmarks/l2_prefetch.py
 
-Part 1 (microbenchmark, transposed "kn" weights as the engine stores them, 36 distinct weights per GEMM so every
-GEMM reads cold): per GEMM, one CUDA graph of 36 x [prefetch; idle window of T us (a 1-SM spin kernel standing in
-for the small kernels); GEMM], minus the same graph's windows alone: the GEMM's effective time per fraction of its
-weights prefetched, vs no prefetch. Part 2 (engine): the plain batch-1 decode step (ms per engine step, graphs) of
-the 8B-shaped target with random weights, without prefetch kernels, then with them captured and their amounts
-swept through the device-side configuration (no re-capture), against the weight-read floor of step_latency.py.
+Per GEMM of the decode step (transposed "kn" weights as the engine stores them, 36 distinct weights per GEMM so
+every GEMM reads cold): one CUDA graph of 36 x [prefetch on a side stream; an idle window of T us on the main stream
+(a 1-SM spin kernel standing in for the small kernels); join; GEMM], minus the windows alone: the GEMM's effective
+time per fraction of its weights prefetched, vs no prefetch. Prefetch kernels: mode 0 ``cp.async.bulk.prefetch.L2``
+(the CTA waits for the data: ~1 TB/s from a few SMs), mode 1 ``prefetch.global.L2::evict_last`` per line, mode 2
+plain loads. The engine integration measured in calls c1-c3 (``SPECSERVE_L2_PREFETCH``: the prefetch kernels
+captured into the decode graph; every setting slower than none) is commit 93a15b8's version of this script and of
+``specserve/models/llama.py``; it was removed after the measurement.
 """
 
 # ruff: noqa: B023  (the closures below are captured into a graph at once, inside their loop iteration)
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import torch
+import triton
+import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from step_latency import copy_bandwidth, count_steps, read_bandwidth, read_weight_bytes  # noqa: E402
+from step_latency import copy_bandwidth, read_bandwidth  # noqa: E402
+
+GROUPS = ("qkv", "o", "gate_up", "down")
+# (bytes per lane, lanes per program and loop step) per mode: 0 bulk prefetch, 1 line prefetch, 2 loads
+_MODES = {0: (32768, 128), 1: (128, 512), 2: (8, 2048)}
+
+
+def parse_spec(text: str) -> dict[str, tuple[float, int]]:
+    """``"o=1,gate_up=0.08:1"`` -> ``{"o": (1.0, 1), "gate_up": (0.08, 1)}``; ``""`` / ``"0"``: {}."""
+    text = text.strip()
+    if text in ("", "0"):
+        return {}
+    out: dict[str, tuple[float, int]] = {}
+    for part in text.split(","):
+        name, eq, val = part.strip().partition("=")
+        frac, _, splits = val.partition(":")
+        try:
+            f, s = float(frac), int(splits or 1)
+        except ValueError:
+            f, s = -1.0, 0
+        if not eq or name not in GROUPS or not 0.0 <= f <= 1.0 or s < 1:
+            raise ValueError(
+                f"SPECSERVE_L2_PREFETCH: expected GROUP=FRACTION[:SPLITS] with GROUP in {GROUPS}, "
+                f"0 <= FRACTION <= 1, SPLITS >= 1; got {part!r}"
+            )
+        out[name] = (f, s)
+    return out
+
+
+def plan(nbytes: int, fraction: float, splits: int) -> tuple[int, int]:
+    """(segment stride, segment bytes) for prefetching ``fraction`` of ``nbytes`` as ``splits`` segments, both
+    multiples of 256 bytes (bulk prefetch sizes and addresses must be 16-byte multiples)."""
+    stride = (nbytes // splits) // 256 * 256
+    seg = int(stride * fraction) // 256 * 256
+    return stride, seg
+
+
+@triton.jit
+def _bulk_prefetch(ptrs, sizes):
+    """One ``cp.async.bulk.prefetch.L2`` per element (size 0: none)."""
+    return tl.inline_asm_elementwise(
+        """{
+        .reg .pred p;
+        setp.gt.s32 p, $2, 0;
+        @p cp.async.bulk.prefetch.L2.global [$1], $2;
+        mov.u32 $0, 0;
+        }""",
+        "=r,l,r",
+        [ptrs, sizes],
+        dtype=tl.int32,
+        is_pure=False,
+        pack=1,
+    )
+
+
+@triton.jit
+def _line_prefetch(ptrs, sizes):
+    """One ``prefetch.global.L2::evict_last`` (one cache line) per element (size 0: none)."""
+    return tl.inline_asm_elementwise(
+        """{
+        .reg .pred p;
+        setp.gt.s32 p, $2, 0;
+        @p prefetch.global.L2::evict_last [$1];
+        mov.u32 $0, 0;
+        }""",
+        "=r,l,r",
+        [ptrs, sizes],
+        dtype=tl.int32,
+        is_pure=False,
+        pack=1,
+    )
+
+
+@triton.jit
+def _l2_prefetch_kernel(w_ptr, cfg_ptr, scratch_ptr, nbytes, GROUP: tl.constexpr, CHUNK: tl.constexpr, LANES: tl.constexpr, MODE: tl.constexpr):  # fmt: skip
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    permille = tl.load(cfg_ptr + 2 * GROUP)
+    splits = tl.maximum(tl.load(cfg_ptr + 2 * GROUP + 1), 1)
+    stride = (nbytes // splits) // 256 * 256
+    seg = (stride * permille // 1000) // 256 * 256
+    per_seg = (seg + CHUNK - 1) // CHUNK
+    total = per_seg * splits
+    for c0 in range(pid * LANES, total, nprog * LANES):
+        c = c0 + tl.arange(0, LANES)
+        s = c // tl.maximum(per_seg, 1)
+        j = c - s * per_seg
+        size = tl.minimum(seg - j * CHUNK, CHUNK)
+        size = tl.where(c < total, size, 0).to(tl.int32)
+        off = s.to(tl.int64) * stride + j.to(tl.int64) * CHUNK
+        if MODE == 0:
+            _bulk_prefetch(w_ptr + off, size)
+        elif MODE == 1:
+            _line_prefetch(w_ptr + off, size)
+        else:  # plain loads of CHUNK = 8 bytes per lane, kept alive by a store that never happens
+            v = tl.load((w_ptr + off).to(tl.pointer_type(tl.int64)), mask=size > 0, other=0)
+            acc = tl.sum(v, 0)
+            tl.store(scratch_ptr, acc, mask=acc == 0x1234567890ABCDE)
+
+
+class L2Prefetcher:
+    """Launches the prefetch of a weight's configured share into L2 (see the module docstring)."""
+
+    def __init__(
+        self, device: torch.device, spec: dict[str, tuple[float, int]], programs: int | None = None
+    ) -> None:
+        self.device = device
+        self.cfg = torch.zeros(2 * len(GROUPS), dtype=torch.int64, device=device)
+        self.active = set(spec)
+        self.programs = programs or int(os.environ.get("SPECSERVE_L2_PREFETCH_PROGRAMS", "16"))
+        # a bulk prefetch holds its CTA until the data is in L2: the kernel runs on a side stream, concurrently
+        # with the small kernels, and the GEMM's stream joins it (:meth:`join`)
+        self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self.mode = int(os.environ.get("SPECSERVE_L2_PREFETCH_MODE", "1"))
+        self.scratch = torch.zeros(1, dtype=torch.int64, device=device)
+        self.pending = False
+        self.configure(spec)
+
+    def configure(self, spec: dict[str, tuple[float, int]]) -> None:
+        """Set the prefetched fraction / splits per group (groups not captured with a prefetch stay off)."""
+        vals = [0] * (2 * len(GROUPS))
+        for name, (frac, splits) in spec.items():
+            i = GROUPS.index(name)
+            vals[2 * i], vals[2 * i + 1] = int(round(frac * 1000)), splits
+        self.cfg.copy_(torch.tensor(vals, dtype=torch.int64))
+
+    def __call__(self, weight: torch.Tensor, group: str) -> None:
+        """Start prefetching ``weight``'s configured share on the side stream (after the work queued so far)."""
+        if group not in self.active:
+            return
+        w = weight.detach()
+        if not w.is_contiguous():
+            raise ValueError("L2 prefetch needs a contiguous weight")
+        assert self.stream is not None
+        self.stream.wait_stream(torch.cuda.current_stream(self.device))
+        chunk, lanes = _MODES[self.mode]
+        with torch.cuda.stream(self.stream):
+            _l2_prefetch_kernel[(self.programs,)](
+                w.view(-1).view(torch.uint8),
+                self.cfg,
+                self.scratch,
+                w.numel() * w.element_size(),
+                GROUP=GROUPS.index(group),
+                CHUNK=chunk,
+                LANES=lanes,
+                MODE=self.mode,
+                num_warps=1 if self.mode == 0 else 4,
+            )
+        self.pending = True
+
+    def join(self) -> None:
+        """Make the current stream wait for the prefetches started so far (before the GEMM that reads them)."""
+        if self.pending:
+            assert self.stream is not None
+            torch.cuda.current_stream(self.device).wait_stream(self.stream)
+            self.pending = False
+
 
 SHAPES = {"qkv": (4096, 6144), "o": (4096, 4096), "gate_up": (4096, 24576), "down": (12288, 4096)}  # (K, N)
 WINDOWS_US = {"qkv": [5], "o": [0, 13], "gate_up": [4], "down": [3]}
@@ -69,8 +227,6 @@ def cycles_per_us() -> float:
 
 
 def micro(rows: list[dict]) -> None:
-    from specserve.layers.l2_prefetch import GROUPS, L2Prefetcher
-
     dev = torch.device("cuda")
     cpu_us = cycles_per_us()
     print(f"spin kernel: {cpu_us:.0f} cycles per us", flush=True)
@@ -126,83 +282,8 @@ def micro(rows: list[dict]) -> None:
         torch.cuda.empty_cache()
 
 
-def step_ms(llm, steps: dict, prompt: list[int], reps: int = 3) -> float:  # type: ignore[no-untyped-def]
-    from specserve import SamplingParams
-
-    sp = SamplingParams(temperature=0, max_tokens=64, ignore_eos=True)
-    best = float("inf")
-    for _ in range(reps):
-        steps["n"] = 0
-        t0 = time.perf_counter()
-        llm.generate([{"prompt_token_ids": prompt}], sp)
-        best = min(best, 1e3 * (time.perf_counter() - t0) / max(1, steps["n"]))
-    return best
-
-
-def engine(config_dir: str, sweep: list[str], programs: list[str], rows: list[dict]) -> None:
-    from specserve import LLM, SamplingParams
-    from specserve.layers.l2_prefetch import GROUPS, parse_spec
-
-    prompt = torch.randint(1000, 100000, (128,), generator=torch.Generator().manual_seed(0)).tolist()
-    for captured in [False] + [True] * len(programs):
-        if captured:
-            os.environ["SPECSERVE_L2_PREFETCH"] = ",".join(f"{g}=0" for g in GROUPS)
-            mode, _, progs = programs.pop(0).partition(":")
-            os.environ["SPECSERVE_L2_PREFETCH_MODE"] = mode
-            os.environ["SPECSERVE_L2_PREFETCH_PROGRAMS"] = progs
-        else:
-            os.environ.pop("SPECSERVE_L2_PREFETCH", None)
-        llm = LLM(
-            config_dir,
-            load_format="dummy",
-            dtype="bfloat16",
-            device="cuda",
-            max_model_len=2048,
-            max_num_seqs=1,
-            enable_prefix_caching=False,
-            gpu_memory_utilization=0.5,
-        )
-        steps = count_steps(llm.engine)
-        llm.generate(
-            [{"prompt_token_ids": prompt}], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
-        )
-        model = llm.engine.runner.model
-        ref = llm.generate([{"prompt_token_ids": prompt}], SamplingParams(temperature=0, max_tokens=32))
-        ref_ids = ref[0].outputs[0].token_ids
-        for spec in sweep if captured else ["none"]:
-            if captured:
-                model.l2_prefetch.configure(parse_spec(spec))
-                out = llm.generate(
-                    [{"prompt_token_ids": prompt}], SamplingParams(temperature=0, max_tokens=32)
-                )
-                same = out[0].outputs[0].token_ids == ref_ids
-            else:
-                same = True
-            ms = step_ms(llm, steps, prompt)
-            progs = (
-                os.environ["SPECSERVE_L2_PREFETCH_MODE"] + ":" + os.environ["SPECSERVE_L2_PREFETCH_PROGRAMS"]
-                if captured
-                else "-"
-            )
-            row = {"part": "engine", "prefetch_kernels": captured, "programs": progs, "spec": spec, "step_ms": round(ms, 3),
-                   "same_tokens": same, "weight_bytes": read_weight_bytes(model)}  # fmt: skip
-            rows.append(row)
-            print(json.dumps(row), flush=True)
-        del llm, model
-        gc.collect()
-        torch.cuda.empty_cache()
-
-
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--config-dir", required=True)
-    ap.add_argument("--skip-micro", action="store_true")
-    ap.add_argument(
-        "--sweep",
-        nargs="+",
-        default=["0", "o=1", "o=0.5", "o=1,qkv=0.3:2", "o=1,gate_up=0.05,down=0.1:2,qkv=0.3:2"],
-    )
-    ap.add_argument("--programs", nargs="+", default=["1:132"], help="MODE:PROGRAMS of the prefetch kernel")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     rows: list[dict] = []
@@ -210,17 +291,7 @@ def main() -> int:
     read_bw = read_bandwidth()
     dram = max(bw, read_bw)
     print(f"DRAM {dram / 1e12:.2f} TB/s (copy traffic {bw / 1e12:.2f}, reduction read {read_bw / 1e12:.2f})")
-    if not args.skip_micro:
-        micro(rows)
-    engine(args.config_dir, args.sweep, list(args.programs), rows)
-    floor_ms = 1e3 * rows[-1]["weight_bytes"] / dram
-    print(f"\nweight-read floor {floor_ms:.3f} ms")
-    print(f"{'prefetch':50} {'programs':>8} {'step ms':>8} {'x floor':>7} {'same':>5}")
-    for r in rows:
-        if r["part"] == "engine":
-            r["x_floor"] = round(r["step_ms"] / floor_ms, 3)
-            print(f"{r['spec']:50} {r['programs']:>8} {r['step_ms']:>8.3f} {r['x_floor']:>7.3f} "
-                  f"{str(r['same_tokens']):>5}")  # fmt: skip
+    micro(rows)
     try:
         rev = subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True).strip()
     except Exception:  # noqa: BLE001
@@ -234,7 +305,6 @@ def main() -> int:
                 "git_revision": rev,
                 "gpu": torch.cuda.get_device_name(),
                 "dram_Bps": dram,
-                "weight_read_floor_ms": floor_ms,
                 "rows": rows,
             },
             indent=2,
