@@ -9,6 +9,9 @@ that way (gate_up 95.8 -> 99.9%, down 78.9 -> 85.5%, LM head 98.3 -> 104.6% of t
 launch-bound batch-1 decode did not gain (1006 vs 985 tok/s, within run-to-run noise). Hence the default
 (:func:`weight_layout`): transposed on CUDA for hidden sizes from 2048 up, nn.Linear's elsewhere;
 ``SPECSERVE_WEIGHT_LAYOUT=nk|kn`` overrides it. Same values as ``nn.Linear`` up to the GEMM's accumulation order.
+
+At decode steps the transposed qkv / o / down projections also run as split-K batched GEMMs
+(:meth:`TransposedLinear.partials`, :func:`split_gemm_config`) whose fp32 partials the kernel after them sums.
 """
 
 from __future__ import annotations
