@@ -177,12 +177,15 @@ def test_split_gemm_config(monkeypatch):
             split_gemm_config("cuda", "kn")
 
 
-def test_engine_tokens_unchanged_with_split_gemm(tiny_qwen3_dir, tmp_path, monkeypatch):
-    """Fused path (triton backend, interpreted) on transposed weights with o_proj / down_proj as split-K partials:
-    the greedy tokens of plain decoding and of DFlash K=4 equal the unsplit engine's (float32)."""
+@pytest.mark.parametrize("fixture", ["tiny_qwen3_dir", "tiny_qwen2_dir"])  # qwen2: qkv biases, not split
+def test_engine_tokens_unchanged_with_split_gemm(fixture, request, tmp_path, monkeypatch):
+    """Fused path (triton backend, interpreted) on transposed weights with qkv / o_proj / down_proj as split-K
+    partials: the greedy tokens of plain decoding and of DFlash K=4 equal the unsplit engine's (float32)."""
     from drafters import make_dflash
 
     from specserve import LLM, SamplingParams
+
+    path = request.getfixturevalue(fixture)
 
     monkeypatch.setenv("SPECSERVE_WEIGHT_LAYOUT", "kn")
     monkeypatch.delenv("SPECSERVE_FUSED_KERNELS", raising=False)
@@ -195,7 +198,7 @@ def test_engine_tokens_unchanged_with_split_gemm(tiny_qwen3_dir, tmp_path, monke
     outs = {}
     for cfg in ("0", "qkv=2,o=2,down=4"):
         monkeypatch.setenv("SPECSERVE_SPLIT_GEMM", cfg)
-        llm = LLM(tiny_qwen3_dir, **kw)
+        llm = LLM(path, **kw)
         assert llm.engine.runner.model.split_gemm == ({} if cfg == "0" else {"qkv": 2, "o": 2, "down": 4})
         outs[cfg] = [o.outputs[0].token_ids for o in llm.generate(prompts, sp)]
         assert (len(calls) > 0) == (cfg != "0") and set(calls) <= {2, 4}
@@ -205,7 +208,7 @@ def test_engine_tokens_unchanged_with_split_gemm(tiny_qwen3_dir, tmp_path, monke
         tmp_path / "d", mc.hidden_size, mc.num_hidden_layers, mc.vocab_size, layer_ids=[0, 1]
     )
     spec = {"method": "dflash", "model": dflash, "num_speculative_tokens": 4}
-    llm = LLM(tiny_qwen3_dir, speculative_config=spec, **kw)
+    llm = LLM(path, speculative_config=spec, **kw)
     assert llm.engine.runner.model.split_gemm == {"qkv": 2, "o": 2, "down": 4}
     assert [o.outputs[0].token_ids for o in llm.generate(prompts, sp)] == outs["0"]
     assert llm.get_metrics()["spec_decode_num_drafts"] > 0

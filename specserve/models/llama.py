@@ -270,7 +270,7 @@ def _layer_fused_split(
     """``_layer_fused`` with qkv / o_proj / down_proj as S-way split-K batched GEMMs whose fp32 partials the kernel
     after them sums (``rope_store``, the add + RMSNorm: no reduce kernel; S x the CTAs at a decode step's few rows).
     ``x`` may be the previous layer's down partials [S, T, H]; the layer returns its own (the final norm sums the
-    last layer's). A qkv projection with biases (Qwen2) is not split."""
+    last layer's). Projections with biases (Qwen2's qkv) are not split."""
     from specserve.layers.triton_fused import fused_add_rms_norm, silu_mul
 
     attn, mlp, pn = layer.self_attn, layer.mlp, layer.post_attention_layernorm
@@ -283,12 +283,15 @@ def _layer_fused_split(
     else:
         q = attn.rope_store_qkv(attn.qkv_proj(normed), positions, meta, cache)
     a = attn.attend(q, meta, cache, backend)
-    o = attn.o_proj.partials(a, splits["o"]) if "o" in splits else attn.o_proj(a)
+    o = attn.o_proj.partials(a, splits["o"]) if "o" in splits and attn.o_proj.bias is None else attn.o_proj(a)
     h, after_attn = (
         add_rms_norm(o, entering, pn) if o.dim() == 3 else fused_add_rms_norm(o, entering, pn.weight, pn.eps)
     )
     s = silu_mul(mlp.gate_up_proj(h), mlp.intermediate)
-    down = mlp.down_proj.partials(s, splits["down"]) if "down" in splits else mlp.down_proj(s)
+    if "down" in splits and mlp.down_proj.bias is None:
+        down = mlp.down_proj.partials(s, splits["down"])
+    else:
+        down = mlp.down_proj(s)
     return down, entering, after_attn
 
 
