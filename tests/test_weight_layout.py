@@ -244,3 +244,12 @@ def test_rope_store_sums_split_qkv_partials(dtype):
     assert outs[0][1].abs().sum() > 0 and outs[0][1].view(8, hk, d)[[0, 2, 3, 4, 5, 7]].abs().sum() == 0
     with pytest.raises(ValueError, match="partials must be"):
         rope_store(x.to(dtype), pos, cos, sin, qw, kw, 1e-6, kc, vc, slots, hq, hk, d, parts[:, :2])
+
+
+def test_rope_store_rejects_a_flat_qkv_clearly():
+    from specserve.layers.triton_fused import rope_store
+
+    kc = torch.zeros(2, 4, 2, 16)
+    with pytest.raises(ValueError, match="qkv must be"):
+        rope_store(torch.zeros(128), torch.zeros(1, dtype=torch.long), torch.zeros(8, 16), torch.zeros(8, 16),
+                   None, None, 0.0, kc, kc.clone(), torch.zeros(1, dtype=torch.long), 4, 2, 16)  # fmt: skip

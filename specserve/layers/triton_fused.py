@@ -369,6 +369,9 @@ def rope_store(
     """
     t = qkv.shape[0]
     width = (num_heads + 2 * num_kv_heads) * head_dim
+    # with partials, qkv is only the template of the GEMM output: its strides do not matter
+    if qkv.dim() != 2 or qkv.shape[1] != width or (partials is None and qkv.stride(1) != 1):
+        raise ValueError(f"qkv must be [T, {width}] with contiguous rows; got {tuple(qkv.shape)}")
     src, stride_split, nsplit = qkv, 0, 1
     if partials is not None:
         if partials.dim() != 3 or tuple(partials.shape[1:]) != tuple(qkv.shape) or partials.stride(2) != 1:
@@ -376,10 +379,6 @@ def rope_store(
                 f"partials must be [S, {tuple(qkv.shape)}] with contiguous rows; got {tuple(partials.shape)}"
             )
         src, stride_split, nsplit = partials, partials.stride(0), partials.shape[0]
-    elif qkv.stride(1) != 1:
-        raise ValueError(f"qkv must be [T, {width}] with contiguous rows; got {tuple(qkv.shape)}")
-    if qkv.dim() != 2 or qkv.shape[1] != width:
-        raise ValueError(f"qkv must be [T, {width}] with contiguous rows; got {tuple(qkv.shape)}")
     if head_dim % 2:
         raise ValueError(f"head_dim must be even, got {head_dim}")
     if positions.shape != (t,) or slot_mapping.shape != (t,):
