@@ -271,7 +271,7 @@ def _layer_fused_split(
     after them sums (``rope_store``, the add + RMSNorm: no reduce kernel; S x the CTAs at a decode step's few rows).
     ``x`` may be the previous layer's down partials [S, T, H]; the layer returns its own (the final norm sums the
     last layer's). Projections with biases (Qwen2's qkv) are not split."""
-    from specserve.layers.triton_fused import fused_add_rms_norm, silu_mul
+    from specserve.layers.triton_fused import silu_mul
 
     attn, mlp, pn = layer.self_attn, layer.mlp, layer.post_attention_layernorm
     normed, entering = add_rms_norm(x, residual, layer.input_layernorm)
@@ -284,9 +284,7 @@ def _layer_fused_split(
         q = attn.rope_store_qkv(attn.qkv_proj(normed), positions, meta, cache)
     a = attn.attend(q, meta, cache, backend)
     o = attn.o_proj.partials(a, splits["o"]) if "o" in splits and attn.o_proj.bias is None else attn.o_proj(a)
-    h, after_attn = (
-        add_rms_norm(o, entering, pn) if o.dim() == 3 else fused_add_rms_norm(o, entering, pn.weight, pn.eps)
-    )
+    h, after_attn = add_rms_norm(o, entering, pn)  # sums o's partials when o_proj was split
     s = silu_mul(mlp.gate_up_proj(h), mlp.intermediate)
     if "down" in splits and mlp.down_proj.bias is None:
         down = mlp.down_proj.partials(s, splits["down"])
