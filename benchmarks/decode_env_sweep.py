@@ -14,7 +14,6 @@ import argparse
 import gc
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -22,7 +21,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from step_latency import copy_bandwidth, count_steps, read_bandwidth, read_weight_bytes  # noqa: E402
+from step_latency import copy_bandwidth, count_steps, read_bandwidth, read_weight_bytes, result_meta  # noqa: E402
 
 
 def main() -> int:
@@ -76,14 +75,9 @@ def main() -> int:
     print(f"{args.env:30} {'batch':>5} {'step ms':>8} {'x floor':>7} {'same':>5}")
     for r in rows:
         print(f"{r['value']:30} {r['batch']:>5} {r['step_ms']:>8.3f} {r['x_floor']:>7.3f} {str(r['same_tokens_as_first']):>5}")  # fmt: skip
-    try:
-        rev = subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True).strip()
-    except Exception:  # noqa: BLE001
-        rev = "unknown"
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"command": " ".join(["python"] + sys.argv), "git_revision": rev,
-                               "gpu": torch.cuda.get_device_name(), "dram_Bps": dram,
+    out.write_text(json.dumps({**result_meta(), "dram_Bps": dram,
                                "weight_read_floor_ms": floor_ms, "rows": rows}, indent=2))  # fmt: skip
     print(f"wrote {out}")
     return 0

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -30,7 +29,7 @@ import triton.language as tl
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from l2_prefetch import LAYERS, graph_ms  # noqa: E402
-from step_latency import copy_bandwidth  # noqa: E402
+from step_latency import copy_bandwidth, result_meta  # noqa: E402
 
 from specserve.layers.triton_fused import _round, silu_mul  # noqa: E402
 
@@ -155,14 +154,9 @@ def main() -> int:
                 )
             except Exception as e:  # noqa: BLE001  (a config that does not compile: reported, the sweep goes on)
                 print(f"M={m} triton {cfg}: {type(e).__name__}: {str(e)[:120]}", flush=True)
-    try:
-        rev = subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True).strip()
-    except Exception:  # noqa: BLE001
-        rev = "unknown"
     out_path = Path(args.out)
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    out_path.write_text(json.dumps({"command": " ".join(["python"] + sys.argv), "git_revision": rev,
-                                    "gpu": torch.cuda.get_device_name(), "copy_traffic_Bps": bw,
+    out_path.write_text(json.dumps({**result_meta(), "copy_traffic_Bps": bw,
                                     "down_floor_us": floor_us, "rows": rows}, indent=2))  # fmt: skip
     print(f"wrote {out_path}")
     return 0

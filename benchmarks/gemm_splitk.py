@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -23,7 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from l2_prefetch import LAYERS, SHAPES, graph_ms  # noqa: E402
-from step_latency import copy_bandwidth  # noqa: E402
+from step_latency import copy_bandwidth, result_meta  # noqa: E402
 
 
 def main() -> int:
@@ -80,14 +79,9 @@ def main() -> int:
                 report(f"sum{s} (alone)", lambda: [p.sum(0) for _ in ws], None)
         ws.clear()
         torch.cuda.empty_cache()
-    try:
-        rev = subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True).strip()
-    except Exception:  # noqa: BLE001
-        rev = "unknown"
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"command": " ".join(["python"] + sys.argv), "git_revision": rev,
-                               "gpu": torch.cuda.get_device_name(), "copy_traffic_Bps": bw, "rows": rows}, indent=2))  # fmt: skip
+    out.write_text(json.dumps({**result_meta(), "copy_traffic_Bps": bw, "rows": rows}, indent=2))  # fmt: skip
     print(f"wrote {out}")
     return 0
 

@@ -83,6 +83,19 @@ def write_drafters(root: Path) -> tuple[str, str]:
     return str(df), str(ea)
 
 
+def result_meta() -> dict[str, str]:
+    """What every result JSON records: the command line, the git revision, the GPU."""
+    try:
+        rev = subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True).strip()
+    except Exception:  # noqa: BLE001
+        rev = os.environ.get("GIT_REV", "unknown")
+    return {
+        "command": " ".join(["python"] + sys.argv),
+        "git_revision": rev,
+        "gpu": torch.cuda.get_device_name(),
+    }
+
+
 def copy_bandwidth() -> float:
     x = torch.empty(2 * 2**30, dtype=torch.uint8, device="cuda")
     y = torch.empty_like(x)
@@ -326,14 +339,8 @@ def main() -> int:
         "proj tok/s = published acceptance length (DFlash K=15: 6.55, EAGLE-3 K=7: 2.89; GSM8K, Qwen3-8B) x "
         "batch / step time: a PROJECTION, not a measurement."
     )
-    try:
-        rev = subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True).strip()
-    except Exception:  # noqa: BLE001
-        rev = os.environ.get("GIT_REV", "unknown")
     result = {
-        "command": " ".join(["python"] + sys.argv),
-        "git_revision": rev,
-        "gpu": torch.cuda.get_device_name(),
+        **result_meta(),
         "copy_bandwidth_Bps": bw,
         "weight_bytes": wb,
         "read_bandwidth_Bps": read_bw,
