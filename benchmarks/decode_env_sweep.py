@@ -2,6 +2,11 @@
 
     python benchmarks/decode_env_sweep.py --config-dir .bench/qwen3-8b --env SPECSERVE_SPLIT_GEMM \
         --values 0 o=4 o=4,down=2 [--batches 1] [--out FILE]
+    python benchmarks/decode_env_sweep.py --config-dir .bench/qwen3-8b --env - \
+        --values "SPECSERVE_TRITON_GEMM=0;SPECSERVE_PDL=0" "SPECSERVE_TRITON_GEMM=1;SPECSERVE_PDL=1"
+
+(``--env -``: each value is a ``;``-separated list of ``NAME=VALUE`` settings; a name set by one value and not by
+the next returns to its original setting.)
 
 Per value: a fresh engine (the knob is read at start / capture), ms per engine step over 64 greedy tokens after a
 128-token prompt (best of 3 runs), whether the greedy tokens equal the first value's (random bf16 weights: a GEMM's
@@ -38,11 +43,24 @@ def main() -> int:
     bw, read_bw = copy_bandwidth(), read_bandwidth()
     dram = max(bw, read_bw)
     g = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(1000, 100000, (128,), generator=g).tolist() for _ in range(max(args.batches))]
+    vocab = json.loads((Path(args.config_dir) / "config.json").read_text())["vocab_size"]
+    lo, hi = min(1000, vocab // 2), min(100000, vocab)  # random prompt ids inside the vocabulary
+    prompts = [torch.randint(lo, hi, (128,), generator=g).tolist() for _ in range(max(args.batches))]
     rows: list[dict] = []
     ref: dict[int, list] = {}
+    original = dict(os.environ)
     for value in args.values:
-        os.environ[args.env] = value
+        if args.env == "-":
+            for name in {kv.partition("=")[0] for v in args.values for kv in v.split(";")}:
+                if name in original:
+                    os.environ[name] = original[name]
+                else:
+                    os.environ.pop(name, None)
+            for kv in value.split(";"):
+                name, _, val = kv.partition("=")
+                os.environ[name] = val
+        else:
+            os.environ[args.env] = value
         llm = LLM(args.config_dir, load_format="dummy", dtype="bfloat16", device="cuda", max_model_len=2048,
                   max_num_seqs=max(args.batches), enable_prefix_caching=False, gpu_memory_utilization=0.5)  # fmt: skip
         steps = count_steps(llm.engine)
@@ -72,9 +90,9 @@ def main() -> int:
         torch.cuda.empty_cache()
     floor_ms = 1e3 * wb / dram
     print(f"\nweight-read floor {floor_ms:.3f} ms (DRAM {dram / 1e12:.2f} TB/s)")
-    print(f"{args.env:30} {'batch':>5} {'step ms':>8} {'x floor':>7} {'same':>5}")
+    print(f"{args.env:50} {'batch':>5} {'step ms':>8} {'x floor':>7} {'same':>5}")
     for r in rows:
-        print(f"{r['value']:30} {r['batch']:>5} {r['step_ms']:>8.3f} {r['x_floor']:>7.3f} {str(r['same_tokens_as_first']):>5}")  # fmt: skip
+        print(f"{r['value']:50} {r['batch']:>5} {r['step_ms']:>8.3f} {r['x_floor']:>7.3f} {str(r['same_tokens_as_first']):>5}")  # fmt: skip
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({**result_meta(), "dram_Bps": dram,

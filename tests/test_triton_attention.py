@@ -460,15 +460,17 @@ for h, hk, d, qlen, splits, fused in [(32, 8, 128, 1, 16, True), (32, 8, 128, 1,
     cfg = ta.select_attention_config(h, hk, d, qlen)
     const = dict(HEAD_DIM=d, BLOCK_D=d, GROUP=h // hk, QT=cfg.queries_per_tile, BLOCK_M=cfg.block_m,
                  BLOCK_N=cfg.block_n, BLOCK_SIZE=16, CAUSAL=True, WINDOW=0, NUM_SPLITS=splits, FUSED_MERGE=fused,
-                 PRECISION="tf32", UPCAST=False)
+                 PRECISION="tf32", UPCAST=False, PDL=True)
     ptx = build(ta._paged_attn_kernel, attn_ptrs, const, cfg.num_warps, cfg.num_stages).asm["ptx"]
     # fused split merge: one gpu-scope acq_rel arrival (after a CTA barrier), partials re-read through L2
     merge_ops = ("atom.global.gpu.acq_rel.add", "ld.global.cg")
     assert all((op in ptx) == (fused and splits > 1) for op in merge_ops), (h, d, splits, fused)
+    # programmatic dependent launch: the kernel waits for its predecessor, then releases its successor
+    assert "griddepcontrol.wait" in ptx and "griddepcontrol.launch_dependents" in ptx
 build(ta._merge_splits_kernel, dict(part_out_ptr="fp32", part_lse_ptr="fp32", out_ptr="bf16"),
-      dict(HEAD_DIM=128, BLOCK_D=128, NUM_SPLITS=16, SPLITS_PAD=16), 4)
+      dict(HEAD_DIM=128, BLOCK_D=128, NUM_SPLITS=16, SPLITS_PAD=16, PDL=True), 4)
 build(ta._store_kv_kernel, dict(k_ptr="bf16", v_ptr="bf16", k_cache_ptr="bf16", v_cache_ptr="bf16", slot_ptr="i64"),
-      dict(HEAD_DIM=128, BLOCK_D=128, BLOCK_H=8, BLOCK_SIZE=16), 4)
+      dict(HEAD_DIM=128, BLOCK_D=128, BLOCK_H=8, BLOCK_SIZE=16, PDL=True), 4)
 print("OK")
 """
 

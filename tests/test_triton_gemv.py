@@ -297,7 +297,7 @@ def stack_bytes(m, k, pro, cfg):
     bn, bk, nw, ns, use_dot, one_pass, per_sm = cfg
     const = dict(PRO=pro, MODE=_BF16, BLOCK_M=tg.MAX_ROWS if use_dot else triton.next_power_of_2(m), BLOCK_N=bn,
                  BLOCK_K=bk, NUM_STAGES=ns, EXACT_DOT=False, USE_DOT=use_dot, ONE_PASS=one_pass and k <= bk,
-                 PERSIST=per_sm > 0)
+                 PERSIST=per_sm > 0, PDL=True)
     return compile_sm90(tg._gemv_kernel, ptrs, const, nw, ns, floats=("eps",), divisible_ints=False)[2]
 
 

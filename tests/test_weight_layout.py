@@ -253,3 +253,131 @@ def test_rope_store_rejects_a_flat_qkv_clearly():
     with pytest.raises(ValueError, match="qkv must be"):
         rope_store(torch.zeros(128), torch.zeros(1, dtype=torch.long), torch.zeros(8, 16), torch.zeros(8, 16),
                    None, None, 0.0, kc, kc.clone(), torch.zeros(1, dtype=torch.long), 4, 2, 16)  # fmt: skip
+
+
+TINY_TILES = ",".join(f"{n}@{r}=16:16:2:4" for n in ("qkv", "o", "gate_up", "down") for r in (1, 16))
+
+
+@pytest.mark.parametrize("fixture", ["tiny_qwen3_dir", "tiny_qwen2_dir"])  # qwen2: qkv biases (cuBLAS, unsplit)
+def test_engine_tokens_unchanged_with_triton_gemm(fixture, request, tmp_path, monkeypatch):
+    """The split GEMMs as the Triton kernels of triton_splitk (interpreted; gate_up + SiLU-mul in one kernel):
+    greedy tokens of plain decoding and of DFlash K=4 (16-row verify: the tensor-core tile) equal the cuBLAS
+    split engine's (float32)."""
+    from drafters import make_dflash
+
+    import specserve.layers.triton_splitk as ts
+    from specserve import LLM, SamplingParams
+
+    path = request.getfixturevalue(fixture)
+    monkeypatch.setenv("SPECSERVE_WEIGHT_LAYOUT", "kn")
+    monkeypatch.setenv("SPECSERVE_SPLIT_GEMM", "qkv=2,o=2,down=4")
+    monkeypatch.setenv("SPECSERVE_TRITON_GEMM_TILES", TINY_TILES)
+    prompts = ["The capital of France is", "1 2 3 4 5 6", "def f(x):"]
+    sp = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+    kw = dict(dtype="float32", device="cpu", num_gpu_blocks=32, attention_backend="triton")
+    calls: list[tuple[str, int]] = []
+    for fn in ("splitk_partials", "gate_up_silu"):
+        real = getattr(ts, fn)
+        monkeypatch.setattr(ts, fn, lambda *a, _r=real, _n=fn, **k: calls.append((_n, a[0].shape[0])) or _r(*a, **k))
+    outs = {}
+    for flag in ("0", "1"):
+        monkeypatch.setenv("SPECSERVE_TRITON_GEMM", flag)
+        llm = LLM(path, **kw)
+        assert llm.engine.runner.model.triton_gemm == (flag == "1")
+        outs[flag] = [o.outputs[0].token_ids for o in llm.generate(prompts, sp)]
+        outs[flag + "b1"] = llm.generate(prompts[:1], sp)[0].outputs[0].token_ids  # one row: the CUDA-core tile
+    assert outs["1"] == outs["0"] and outs["1b1"] == outs["0b1"]
+    names = {c[0] for c in calls}
+    assert "gate_up_silu" in names and ("splitk_partials" in names) and {c[1] for c in calls} >= {1, 3}
+    mc = llm.engine.runner.model.config
+    dflash = make_dflash(tmp_path / "d", mc.hidden_size, mc.num_hidden_layers, mc.vocab_size, layer_ids=[0, 1])
+    calls.clear()
+    spec = {"method": "dflash", "model": dflash, "num_speculative_tokens": 4}
+    llm = LLM(path, speculative_config=spec, **kw)
+    assert [o.outputs[0].token_ids for o in llm.generate(prompts, sp)] == outs["0"]
+    assert llm.get_metrics()["spec_decode_num_drafts"] > 0
+    assert any(c[1] > 3 for c in calls)  # verify steps of 5 rows per request
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 5, 16])  # 1: the CUDA-core tile; 5, 16: the tensor-core tile (padded to 16)
+def test_triton_splitk_kernels_match_torch(dtype, rows, monkeypatch):
+    """triton_splitk (interpreted): the fp32 partials sum to x @ W (fp32 math on the same inputs), partial s is
+    the product of the s-th K slice, and gate_up_silu equals silu_mul of the rounded product."""
+    import specserve.layers.triton_splitk as ts
+    from specserve.layers.triton_fused import silu_mul
+
+    monkeypatch.setenv("SPECSERVE_TRITON_GEMM_TILES", TINY_TILES)
+    torch.manual_seed(rows)
+    k, n, s = 64, 48, 4
+    x, w = torch.randn(rows, k).to(dtype), (torch.randn(k, n) / 8).to(dtype)
+    parts = ts.splitk_partials(x, w, s, "o")
+    assert parts.shape == (s, rows, n) and parts.dtype == torch.float32
+    xf, wf = x.float(), w.float()
+    torch.testing.assert_close(parts.sum(0), xf @ wf, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(parts[2], xf[:, 32:48] @ wf[32:48], rtol=1e-5, atol=1e-5)
+    wg = (torch.randn(k, 2 * n) / 8).to(dtype)
+    got = ts.gate_up_silu(x, wg, n)
+    ref = silu_mul((xf @ wg.float()).to(dtype), n)
+    assert got.dtype == dtype and got.shape == (rows, n)
+    tol = 1e-5 if dtype == torch.float32 else 2e-2  # bf16: one rounding of the GEMM output may differ (order)
+    torch.testing.assert_close(got.float(), ref.float(), rtol=tol, atol=tol)
+
+
+def test_triton_splitk_rejects_bad_shapes_and_settings(monkeypatch):
+    import specserve.layers.triton_splitk as ts
+
+    monkeypatch.setenv("SPECSERVE_TRITON_GEMM_TILES", TINY_TILES)
+    x, w = torch.randn(2, 64), torch.randn(64, 48)
+    with pytest.raises(ValueError, match="split 3 ways"):
+        ts.splitk_partials(x, w, 3, "o")
+    with pytest.raises(ValueError, match="1-16 rows"):
+        ts.splitk_partials(torch.randn(17, 64), w, 4, "o")
+    with pytest.raises(ValueError, match="share a dtype"):
+        ts.splitk_partials(x.bfloat16(), w, 4, "o")
+    with pytest.raises(ValueError, match="gate_up weight"):
+        ts.gate_up_silu(x, w, 32)
+    assert ts.fits("o", 64, 48, 4) and not ts.fits("o", 64, 40, 4) and not ts.fits("o", 64, 48, 8)
+    monkeypatch.setenv("SPECSERVE_TRITON_GEMM_TILES", "o@2=16:16:2:4")
+    with pytest.raises(ValueError, match="SPECSERVE_TRITON_GEMM_TILES"):
+        ts.tile_for("o", 1)
+    monkeypatch.delenv("SPECSERVE_TRITON_GEMM_TILES")
+    assert ts.tile_for("qkv", 1) == ts.GemmTile(256, 32, 4, 4) and ts.tile_for("qkv", 7) == ts.tile_for("qkv", 16)
+    monkeypatch.setenv("SPECSERVE_TRITON_GEMM", "yes")
+    with pytest.raises(ValueError, match="SPECSERVE_TRITON_GEMM must be"):
+        ts.triton_gemm_enabled("cuda")
+    monkeypatch.delenv("SPECSERVE_TRITON_GEMM")
+    assert ts.triton_gemm_enabled("cuda") and not ts.triton_gemm_enabled("cpu")
+
+
+_HOPPER_SPLITK_SCRIPT = r"""
+import specserve.layers.triton_splitk as ts
+from specserve.layers.triton_fused import _BF16
+from sm90 import compile_sm90
+
+ptrs = dict(x_ptr="bf16", w_ptr="bf16", out_ptr="fp32")
+# the default tiles of the Qwen3-8B projections: (name, rows class, N, K, splits)
+for name, cls, n, k, s in [("qkv", 1, 6144, 4096, 8), ("o", 1, 4096, 4096, 8), ("down", 1, 4096, 12288, 8),
+                           ("gate_up", 16, 12288, 4096, 1), ("qkv", 16, 6144, 4096, 8), ("down", 16, 4096, 12288, 8)]:
+    t = ts.tile_for(name, cls)
+    gate_up = name == "gate_up"
+    const = dict(N=n, K_SPLIT=k // s, BLOCK_M=1 if cls == 1 else 16, BLOCK_N=t.block_n, BLOCK_K=t.block_k,
+                 NUM_STAGES=t.stages, USE_DOT=cls > 1, PRECISION="tf32", UPCAST=False, GATE_UP=gate_up, MODE=_BF16,
+                 PDL=True)
+    p = dict(ptrs, out_ptr="bf16") if gate_up else ptrs
+    kernel, reg, stack = compile_sm90(ts._splitk_gemm_kernel, p, const, t.warps, t.stages)
+    print(name, cls, f"REG:{reg} STACK:{stack}")
+    assert stack == 0, (name, cls)
+    ptx = kernel.asm["ptx"]
+    assert "griddepcontrol.wait" in ptx and "griddepcontrol.launch_dependents" in ptx
+    assert ("mma" in ptx) == (cls > 1), (name, cls)  # 2-16 rows on the tensor cores, one row on the CUDA cores
+print("OK")
+"""
+
+
+def test_splitk_tiles_compile_for_hopper_without_spills() -> None:
+    """The split-K kernel's default tiles compile for sm_90 (no GPU needed) without spills, with the PDL wait and
+    release in the PTX and tensor-core MMAs only in the multi-row form."""
+    from sm90 import run_script
+
+    run_script(_HOPPER_SPLITK_SCRIPT)

@@ -77,15 +77,19 @@ SPLIT_MAX_ROWS = 16  # split-K partials only for decode / verify steps of at mos
 # slices o_proj 13.1 -> 10.6 us, down 28.7 -> 25.9, qkv 16.1 -> 14.3 (and no split-K reduce kernels); plain decode
 # step 4.85 -> 4.62 ms at batch 1, 5.18 -> 5.02 at 8; gate_up (97% of the DRAM rate already) gains nothing.
 DEFAULT_SPLIT_GEMM = "qkv=4,o=4,down=4"
+# Session 13 (h200-2026-12-03-s13/c1): the Triton split-K kernels (layers/triton_splitk.py) stream best at 8 splits
+DEFAULT_SPLIT_GEMM_TRITON = "qkv=8,o=8,down=8"
 
 
-def split_gemm_config(device: torch.device | str, layout: str) -> dict[str, int]:
+def split_gemm_config(device: torch.device | str, layout: str, triton_gemm: bool = False) -> dict[str, int]:
     """Splits per projection (``qkv``, ``o``, ``down``) for the split-K decode GEMMs of
-    :meth:`TransposedLinear.partials`, transposed weights only: ``SPECSERVE_SPLIT_GEMM`` = ``qkv=S,o=S,down=S``
-    (``0``: none); default :data:`DEFAULT_SPLIT_GEMM` on CUDA, none elsewhere (measured on the H200 only)."""
+    :meth:`TransposedLinear.partials` (or of the Triton kernels when ``triton_gemm``), transposed weights only:
+    ``SPECSERVE_SPLIT_GEMM`` = ``qkv=S,o=S,down=S`` (``0``: none); default :data:`DEFAULT_SPLIT_GEMM` (Triton:
+    :data:`DEFAULT_SPLIT_GEMM_TRITON`) on CUDA, none elsewhere (measured on the H200 only)."""
     raw = os.environ.get("SPECSERVE_SPLIT_GEMM")
     if raw is None:
-        raw = DEFAULT_SPLIT_GEMM if torch.device(device).type == "cuda" else ""
+        default = DEFAULT_SPLIT_GEMM_TRITON if triton_gemm else DEFAULT_SPLIT_GEMM
+        raw = default if torch.device(device).type == "cuda" else ""
     raw = raw.strip()
     out: dict[str, int] = {}
     if raw in ("", "0") or layout != "kn":

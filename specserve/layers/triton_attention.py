@@ -47,6 +47,8 @@ import torch
 import triton
 import triton.language as tl
 
+from specserve.layers.triton_fused import _pdl_wait, pdl_launch
+
 __all__ = ["AttentionConfig", "paged_attention", "select_attention_config", "store_kv"]
 
 
@@ -75,7 +77,9 @@ def _store_kv_kernel(
     BLOCK_D: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    _pdl_wait(PDL)
     tok = tl.program_id(0).to(tl.int64)
     slot = tl.load(slot_ptr + tok).to(tl.int64)
     if slot < 0:  # padding token (e.g. a CUDA-graph row that belongs to no request)
@@ -122,6 +126,7 @@ def store_kv(
     block_d = max(triton.next_power_of_2(d), 16)
     block_h = max(1, min(triton.next_power_of_2(hk), 4096 // block_d))
     grid = (t, triton.cdiv(hk, block_h))
+    pdl, pdl_kw = pdl_launch(k.device)
     _store_kv_kernel[grid](
         k,
         v,
@@ -143,7 +148,9 @@ def store_kv(
         BLOCK_D=block_d,
         BLOCK_H=block_h,
         BLOCK_SIZE=k_cache.shape[1],
+        PDL=pdl,
         num_warps=4 if block_h * block_d >= 1024 else 2,
+        **pdl_kw,
     )
 
 
@@ -202,7 +209,9 @@ def _paged_attn_kernel(
     FUSED_MERGE: tl.constexpr,
     PRECISION: tl.constexpr,
     UPCAST: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    _pdl_wait(PDL)
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     pid2 = tl.program_id(2)
@@ -365,7 +374,9 @@ def _merge_splits_kernel(
     BLOCK_D: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
     SPLITS_PAD: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    _pdl_wait(PDL)
     # One program per (token, head): all splits are loaded at once as a [SPLITS_PAD, BLOCK_D] tile.
     tok = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
@@ -580,6 +591,7 @@ def paged_attention(
         p_strides = (0, 0, 0, 0, 0)
 
     grid = (b, hk, q_tiles * num_splits)
+    pdl, pdl_kw = pdl_launch(q.device)
     _paged_attn_kernel[grid](
         q,
         k_cache,
@@ -617,8 +629,10 @@ def paged_attention(
         FUSED_MERGE=fused,
         PRECISION=precision,
         UPCAST=q.device.type == "cpu" and q.dtype != torch.float32,  # CPU only runs under TRITON_INTERPRET=1
+        PDL=pdl,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
+        **pdl_kw,
     )
     if num_splits > 1 and not fused:
         splits_pad = max(2, triton.next_power_of_2(num_splits))
@@ -633,6 +647,8 @@ def paged_attention(
             BLOCK_D=block_d,
             NUM_SPLITS=num_splits,
             SPLITS_PAD=splits_pad,
+            PDL=pdl,
             num_warps=4 if splits_pad * block_d >= 2048 else 2,
+            **pdl_kw,
         )
     return out

@@ -39,7 +39,7 @@ import torch
 import triton
 import triton.language as tl
 
-from specserve.layers.triton_fused import _mode, _round
+from specserve.layers.triton_fused import _mode, _pdl_wait, _round, pdl_launch
 
 __all__ = ["AUTO_MAX_HIDDEN", "AUTO_MAX_ROWS", "MAX_ROWS", "gemv", "max_rows"]
 
@@ -196,6 +196,7 @@ def _gemv_kernel(
     USE_DOT: tl.constexpr,
     ONE_PASS: tl.constexpr,  # K <= BLOCK_K: one K tile, whose norm statistics come from the GEMM's own input tile
     PERSIST: tl.constexpr,  # a fixed grid of programs looping over the output tiles (see _gemv_tiles)
+    PDL: tl.constexpr,  # programmatic dependent launch (triton_fused.pdl_enabled)
 ):
     pid = tl.program_id(0)
     offs_m = tl.arange(0, BLOCK_M)
@@ -203,6 +204,7 @@ def _gemv_kernel(
     rows = offs_m[:, None].to(tl.int64)
     rstd = tl.zeros([BLOCK_M], dtype=tl.float32)
     if PERSIST:  # a fixed grid; each program takes every nprog-th BLOCK_N tile and does its prologue once
+        _pdl_wait(PDL)
         _gemv_tiles(x_ptr, r_ptr, nw_ptr, w_ptr, y_ptr, res_out_ptr, M, N, K, stride_x, stride_r, stride_w, stride_y, stride_ro, eps, pid, rows, mask_m, rstd, PRO, MODE, BLOCK_M, BLOCK_N, BLOCK_K, NUM_STAGES, EXACT_DOT, USE_DOT, ONE_PASS)  # fmt: skip
         return
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -214,9 +216,11 @@ def _gemv_kernel(
         mk = offs_k < K
         mask2 = mask_m[:, None] & mk[None, :]
         w = tl.load(w_ptr + wrows + offs_k[None, :], mask=mask_n[:, None] & mk[None, :], other=0.0)
+        _pdl_wait(PDL)  # after the weight loads are issued: no kernel of the step writes weights
         x = _one_pass_input(x_ptr, r_ptr, nw_ptr, res_out_ptr, rows, offs_k, mask2, stride_x, stride_r, stride_ro, K, eps, pid, rstd, PRO, MODE)  # fmt: skip
         acc = _mac(acc, x, w, USE_DOT, MODE, EXACT_DOT)
     else:
+        _pdl_wait(PDL)
         rstd = _row_rstd(x_ptr, r_ptr, res_out_ptr, rows, mask_m, K, stride_x, stride_r, stride_ro, eps, pid, rstd, PRO, MODE, BLOCK_K)  # fmt: skip
         acc = _k_loop(acc, x_ptr, r_ptr, nw_ptr, w_ptr, rows, mask_m, wrows, mask_n, K, stride_x, stride_r, rstd, PRO, MODE, BLOCK_K, NUM_STAGES, EXACT_DOT, USE_DOT)  # fmt: skip
     tl.store(
@@ -340,6 +344,7 @@ def gemv(
     ro = res_out if res_out is not None else x
     tiles = triton.cdiv(n, bn)
     grid = min(tiles, per_sm * _num_sms(x.device)) if per_sm else tiles
+    pdl, pdl_kw = pdl_launch(x.device)
     _gemv_kernel[(grid,)](
         x,
         r,
@@ -366,7 +371,9 @@ def gemv(
         USE_DOT=use_dot,
         ONE_PASS=one_pass and k <= bk,
         PERSIST=per_sm > 0,
+        PDL=pdl,
         num_warps=nw,
+        **pdl_kw,
     )
     if pro == _ADD_NORM:
         return y, res_out

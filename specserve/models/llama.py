@@ -21,7 +21,7 @@ from torch import nn
 
 from specserve.config import ModelConfig
 from specserve.layers.attention import AttentionBackend, AttnMetadata
-from specserve.layers.linear import SPLIT_MAX_ROWS
+from specserve.layers.linear import SPLIT_MAX_ROWS, TransposedLinear
 from specserve.layers.norm import RMSNorm
 from specserve.layers.rotary import RotaryEmbedding
 
@@ -211,11 +211,13 @@ def run_layers_fused(
     norm: RMSNorm,
     tap_indices: Iterable[int] = (),
     split_gemm: dict[str, int] | None = None,
+    triton_gemm: bool = False,
 ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
     """The decoder stack plus final norm on the fused kernels: returns (norm(output), taps).
 
     ``split_gemm`` (``{"qkv": S, "o": S, "down": S}``, transposed weights): steps of at most ``SPLIT_MAX_ROWS`` rows run
-    those projections as split-K partials summed by the add + RMSNorm after them (:func:`_layer_fused_split`).
+    those projections as split-K partials summed by the add + RMSNorm after them (:func:`_layer_fused_split`);
+    ``triton_gemm``: as the Triton kernels of :mod:`specserve.layers.triton_splitk` where the shapes fit their tiles.
 
     ``taps[i]`` is the residual stream entering layer i (i = number of layers: the stack's output), i.e. HF's
     ``hidden_states[i]``: the value the torch path's ``h`` has there (the fused adds round as ``h = h + x``).
@@ -224,7 +226,11 @@ def run_layers_fused(
     taps: dict[int, torch.Tensor] = {}
     run_layer = _layer_gemv if _gemv_path(layers, h) else _layer_fused
     if split_gemm and run_layer is _layer_fused and h.shape[0] <= SPLIT_MAX_ROWS:
-        run_layer = functools.partial(_layer_fused_split, splits=split_gemm)
+        run_layer = functools.partial(
+            _layer_fused_split,
+            splits=split_gemm,
+            triton_gemm=triton_gemm and triton_gemm_fits(layers, split_gemm),
+        )
     x, residual = h, None
     for i, mod in enumerate(layers):
         x, entering, residual = run_layer(
@@ -266,31 +272,66 @@ def _layer_fused_split(
     cache: KVCache,
     backend: AttentionBackend,
     splits: dict[str, int],
+    triton_gemm: bool = False,
 ) -> LayerOut:
     """``_layer_fused`` with qkv / o_proj / down_proj as S-way split-K batched GEMMs whose fp32 partials the kernel
     after them sums (``rope_store``, the add + RMSNorm: no reduce kernel; S x the CTAs at a decode step's few rows).
     ``x`` may be the previous layer's down partials [S, T, H]; the layer returns its own (the final norm sums the
-    last layer's). Projections with biases (Qwen2's qkv) are not split."""
+    last layer's). Projections with biases (Qwen2's qkv) are not split. ``triton_gemm``: the split GEMMs run as the
+    Triton kernels of :mod:`specserve.layers.triton_splitk` (PDL, L2 prefetch) and gate_up + SiLU-mul as one."""
     from specserve.layers.triton_fused import silu_mul
+    from specserve.layers.triton_splitk import GATE_UP_MIN_ROWS, gate_up_silu, splitk_partials
 
     attn, mlp, pn = layer.self_attn, layer.mlp, layer.post_attention_layernorm
+
+    def partials(lin: nn.Module, inp: torch.Tensor, name: str) -> torch.Tensor:
+        if triton_gemm:  # one Triton kernel, launched with PDL (layers/triton_splitk.py)
+            return splitk_partials(inp, cast(TransposedLinear, lin).weight_t, splits[name], name)
+        return cast(TransposedLinear, lin).partials(inp, splits[name])
+
     normed, entering = add_rms_norm(x, residual, layer.input_layernorm)
     if "qkv" in splits and attn.qkv_proj.bias is None:
-        parts = attn.qkv_proj.partials(normed, splits["qkv"])
+        parts = partials(attn.qkv_proj, normed, "qkv")
         shape = (normed.shape[0], parts.shape[-1])  # the GEMM output's shape and dtype, no storage read
         like = torch.empty(1, dtype=normed.dtype, device=normed.device).expand(shape)
         q = attn.rope_store_qkv(like, positions, meta, cache, partials=parts)
     else:
         q = attn.rope_store_qkv(attn.qkv_proj(normed), positions, meta, cache)
     a = attn.attend(q, meta, cache, backend)
-    o = attn.o_proj.partials(a, splits["o"]) if "o" in splits and attn.o_proj.bias is None else attn.o_proj(a)
+    o = partials(attn.o_proj, a, "o") if "o" in splits and attn.o_proj.bias is None else attn.o_proj(a)
     h, after_attn = add_rms_norm(o, entering, pn)  # sums o's partials when o_proj was split
-    s = silu_mul(mlp.gate_up_proj(h), mlp.intermediate)
+    if triton_gemm and mlp.gate_up_proj.bias is None and h.shape[0] >= GATE_UP_MIN_ROWS:
+        s = gate_up_silu(h, cast(TransposedLinear, mlp.gate_up_proj).weight_t, mlp.intermediate)
+    else:
+        s = silu_mul(mlp.gate_up_proj(h), mlp.intermediate)
     if "down" in splits and mlp.down_proj.bias is None:
-        down = mlp.down_proj.partials(s, splits["down"])
+        down = partials(mlp.down_proj, s, "down")
     else:
         down = mlp.down_proj(s)
     return down, entering, after_attn
+
+
+def triton_gemm_fits(layers: nn.ModuleList, splits: dict[str, int]) -> bool:
+    """Whether every split projection (and gate_up) of the first layer fits the Triton kernels' tiles (all layers
+    share their shapes)."""
+    from specserve.layers.triton_splitk import fits
+
+    if not len(layers):
+        return False
+    layer = cast(DecoderLayer, layers[0])
+    lins = {
+        "qkv": layer.self_attn.qkv_proj,
+        "o": layer.self_attn.o_proj,
+        "gate_up": layer.mlp.gate_up_proj,
+        "down": layer.mlp.down_proj,
+    }
+    for name, lin in lins.items():
+        if not isinstance(lin, TransposedLinear):
+            return False
+        n = lin.out_features // 2 if name == "gate_up" else lin.out_features
+        if not fits(name, lin.in_features, n, splits.get(name, 1)):
+            return False
+    return True
 
 
 def _gemv_path(layers: nn.ModuleList, h: torch.Tensor) -> bool:
@@ -352,6 +393,7 @@ class DecoderLM(nn.Module):
         self.backend: AttentionBackend | None = None
         # split-K decode GEMMs (layers/linear.py split_gemm_config), set by the runner for transposed weights
         self.split_gemm: dict[str, int] = {}
+        self.triton_gemm = False  # those GEMMs as Triton kernels (layers/triton_splitk.py), set by the runner
 
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttnMetadata
@@ -371,6 +413,7 @@ class DecoderLM(nn.Module):
                 self.norm,
                 want,
                 self.split_gemm,
+                self.triton_gemm,
             )
             return out, (torch.cat([by_index[j] for j in want], dim=-1) if want else None)
         taps: list[torch.Tensor] = []

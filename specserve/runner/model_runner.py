@@ -154,12 +154,15 @@ class ModelRunner:
             self.model.load_weights(weights)  # type: ignore[arg-type]
         self.model.eval().requires_grad_(False)
         from specserve.layers.linear import split_gemm_config, transpose_decoder_linears, weight_layout
+        from specserve.layers.triton_splitk import triton_gemm_enabled
 
         # decode GEMM layout (layers/linear.py); the drafters follow the target's
         self.weight_layout = weight_layout(device, int(model_config.hidden_size))
         if self.weight_layout == "kn":
             transpose_decoder_linears(self.model.layers)
-            self.model.split_gemm = split_gemm_config(device, self.weight_layout)
+            triton_gemm = triton_gemm_enabled(device)
+            self.model.split_gemm = split_gemm_config(device, self.weight_layout, triton_gemm)
+            self.model.triton_gemm = bool(self.model.split_gemm) and triton_gemm
         self.model.rope.to(device)
         self.backend = make_backend(config.attention_backend, device)
         self.model.backend = self.backend

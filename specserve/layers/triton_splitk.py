@@ -1,0 +1,263 @@
+"""Triton split-K GEMMs for decode / verify steps on transposed weights, launched with programmatic dependent launch
+(issue #6, session 13).
+
+At a decode step of a large target (hidden >= 2048, weights stored [K, N], :mod:`specserve.layers.linear`) every
+projection reads megabytes of weights for a few rows of activations, and between the GEMMs sit small kernels
+(add + RMSNorm, ``rope_store``, attention, the merge of its splits) whose launch and ramp leave the DRAM idle. Two
+things here attack that gap:
+
+* **PDL** (``SPECSERVE_PDL``, :func:`~specserve.layers.triton_fused.pdl_enabled`): our Triton kernels (these GEMMs
+  and the small ones) are launched with the programmatic stream serialization attribute; each waits for its
+  predecessor inside the kernel (``griddepcontrol.wait``) before touching any activation, then lets its successor
+  launch (``griddepcontrol.launch_dependents``), so the next kernel's CTAs are resident when the current one ends.
+  Kernels captured in a CUDA graph keep these programmatic edges. (Streaming the first weight rows into L2 before
+  the wait, and letting the small kernels release their successor before their own wait, measured slower: session
+  13, benchmarks/README.md.)
+* **One kernel per projection, no reduce kernel**: :func:`splitk_partials` writes S fp32 partial products over K
+  slices, like :meth:`TransposedLinear.partials` (the consumer kernel sums them); :func:`gate_up_silu` computes the
+  gate and up columns of the same outputs in one program and writes ``silu(gate) * up`` (no ``silu_mul`` kernel).
+  One row runs on the CUDA cores (a [BLOCK_K, BLOCK_N] weight tile against a broadcast row); 2-16 rows on the
+  tensor cores (``tl.dot`` with the rows padded to 16).
+
+Numerics: fp32 accumulation; the gate/up outputs are rounded to the model dtype before the SiLU and the product
+rounds as the eager ``silu_mul`` does, so results equal the cuBLAS path's up to the accumulation order. Both
+kernels run under ``TRITON_INTERPRET=1`` on CPU tensors (without PDL), which is how the tests check them.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from specserve.layers.triton_fused import _mode, _pdl_wait, _round, pdl_launch
+
+__all__ = [
+    "GemmTile",
+    "fits",
+    "gate_up_silu",
+    "splitk_partials",
+    "tile_for",
+    "triton_gemm_enabled",
+]
+
+# gate_up + SiLU-mul as one Triton kernel from this many rows: at one row cuBLAS's GEMM + silu_mul is faster
+# (Qwen3-8B shape, H200, session 13: 49.1 vs 52.5 us; at 16 rows 50.1 vs 47.7)
+GATE_UP_MIN_ROWS = 2
+MAX_ROWS = 16  # rows the tensor-core tile covers (padded); more rows take the cuBLAS path
+
+
+def triton_gemm_enabled(device: torch.device | str) -> bool:
+    """Whether the split-K decode GEMMs run as the Triton kernels here (``SPECSERVE_TRITON_GEMM`` = ``1``/``0``;
+    default on for CUDA) instead of cuBLAS batched GEMMs (:meth:`TransposedLinear.partials`) + ``silu_mul``."""
+    v = os.environ.get("SPECSERVE_TRITON_GEMM", "").strip()
+    if v:
+        if v not in ("0", "1"):
+            raise ValueError(f"SPECSERVE_TRITON_GEMM must be 0 or 1, got {v!r}")
+        return v == "1"
+    return torch.device(device).type == "cuda"
+
+
+@dataclass(frozen=True)
+class GemmTile:
+    block_n: int
+    block_k: int
+    stages: int
+    warps: int
+
+
+# One row (CUDA cores) / 2-16 rows (tensor cores): the fastest tiles of the Qwen3-8B projections on the H200 at
+# 8-way splits (session 13, benchmarks/results/h200-2026-12-03-s13/c1: benchmarks/triton_gemm.py).
+_DEFAULT_TILES = {
+    ("qkv", 1): GemmTile(256, 32, 4, 4),
+    ("o", 1): GemmTile(128, 32, 4, 4),
+    ("down", 1): GemmTile(128, 32, 4, 4),
+    ("gate_up", 1): GemmTile(128, 32, 4, 4),
+    ("qkv", 16): GemmTile(128, 64, 3, 4),
+    ("o", 16): GemmTile(128, 64, 3, 4),
+    ("down", 16): GemmTile(128, 64, 3, 4),
+    ("gate_up", 16): GemmTile(64, 64, 4, 4),
+}
+
+
+def tile_for(name: str, rows: int) -> GemmTile:
+    """The tile of projection ``name`` (qkv, o, gate_up, down) at ``rows`` rows; ``SPECSERVE_TRITON_GEMM_TILES``
+    overrides entries: ``name@R=BN:BK:stages:warps,...`` with R = 1 or 16 (the row class)."""
+    cls = 1 if rows <= 1 else 16
+    raw = os.environ.get("SPECSERVE_TRITON_GEMM_TILES", "").strip()
+    if raw:
+        for part in raw.split(","):
+            key, _, val = part.strip().partition("=")
+            nm, _, r = key.partition("@")
+            vals = val.split(":")
+            if (
+                nm not in ("qkv", "o", "gate_up", "down")
+                or r not in ("1", "16")
+                or len(vals) != 4
+                or not all(v.isdigit() for v in vals)
+            ):
+                raise ValueError(
+                    f"SPECSERVE_TRITON_GEMM_TILES: expected name@R=BN:BK:stages:warps, got {part!r}"
+                )
+            if nm == name and int(r) == cls:
+                return GemmTile(*(int(v) for v in vals))
+    return _DEFAULT_TILES[(name, cls)]
+
+
+@triton.jit
+def _splitk_gemm_kernel(
+    x_ptr,
+    w_ptr,
+    out_ptr,
+    M,
+    stride_xm,
+    stride_wk,
+    stride_os,
+    stride_om,
+    N: tl.constexpr,
+    K_SPLIT: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
+    USE_DOT: tl.constexpr,
+    PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
+    GATE_UP: tl.constexpr,
+    MODE: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    """Program (n block, k split): acc = x[:, slice] @ w[slice, n block]. GATE_UP: w holds [gate | up] (2N columns)
+    and the program also accumulates the up columns, storing round(silu(round(g)) * round(u)); else acc is stored
+    as fp32 partial ``pid_s``."""
+    pid_n = tl.program_id(0)
+    pid_s = tl.program_id(1)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m = tl.arange(0, BLOCK_M)
+    mask_m = offs_m < M
+    k_begin = pid_s * K_SPLIT
+    _pdl_wait(PDL)
+    x_rows = x_ptr + offs_m[:, None].to(tl.int64) * stride_xm
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in tl.range(k_begin, k_begin + K_SPLIT, BLOCK_K, num_stages=NUM_STAGES):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        x = tl.load(x_rows + offs_k[None, :], mask=mask_m[:, None], other=0.0)
+        w_ptrs = w_ptr + offs_k[:, None].to(tl.int64) * stride_wk + offs_n[None, :]
+        w = tl.load(w_ptrs)
+        if USE_DOT:
+            if UPCAST:  # the interpreter has no bf16 arithmetic; bf16 products are exact in fp32
+                acc = tl.dot(x.to(tl.float32), w.to(tl.float32), acc, input_precision="ieee")
+            else:
+                acc = tl.dot(x, w, acc, input_precision=PRECISION)
+        else:
+            acc += tl.sum(x.to(tl.float32)[:, :, None] * w.to(tl.float32)[None, :, :], axis=1)
+        if GATE_UP:
+            wu = tl.load(w_ptrs + N)
+            if USE_DOT:
+                if UPCAST:
+                    acc_u = tl.dot(x.to(tl.float32), wu.to(tl.float32), acc_u, input_precision="ieee")
+                else:
+                    acc_u = tl.dot(x, wu, acc_u, input_precision=PRECISION)
+            else:
+                acc_u += tl.sum(x.to(tl.float32)[:, :, None] * wu.to(tl.float32)[None, :, :], axis=1)
+    if GATE_UP:  # the GEMM's outputs in the model dtype, then F.silu(gate) * up as silu_mul rounds it
+        g = _round(acc, MODE)
+        u = _round(acc_u, MODE)
+        s = _round(g / (1.0 + tl.exp(-g)), MODE)
+        y = _round(s * u, MODE)
+        o_ptrs = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :]
+        tl.store(o_ptrs, y.to(out_ptr.dtype.element_ty), mask=mask_m[:, None])
+    else:
+        o_ptrs = out_ptr + pid_s * stride_os + offs_m[:, None] * stride_om + offs_n[None, :]
+        tl.store(o_ptrs, acc, mask=mask_m[:, None])
+
+
+def _launch(
+    x: torch.Tensor,
+    weight_t: torch.Tensor,
+    out: torch.Tensor,
+    n: int,
+    splits: int,
+    tile: GemmTile,
+    gate_up: bool,
+) -> None:
+    m, k = x.shape
+    if k % splits or (k // splits) % tile.block_k or n % tile.block_n:
+        raise ValueError(
+            f"Triton GEMM: K={k} must split {splits} ways into multiples of {tile.block_k} and N={n} be a multiple "
+            f"of {tile.block_n}"
+        )
+    k_split = k // splits
+    use_dot = m > 1
+    pdl, pdl_kw = pdl_launch(x.device)
+    _splitk_gemm_kernel[(n // tile.block_n, splits)](
+        x,
+        weight_t,
+        out,
+        m,
+        x.stride(0),
+        weight_t.stride(0),
+        out.stride(0) if not gate_up else 0,
+        out.stride(-2),
+        N=n,
+        K_SPLIT=k_split,
+        BLOCK_M=16 if use_dot else 1,
+        BLOCK_N=tile.block_n,
+        BLOCK_K=tile.block_k,
+        NUM_STAGES=tile.stages,
+        USE_DOT=use_dot,
+        PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+        UPCAST=x.device.type == "cpu" and x.dtype != torch.float32,
+        GATE_UP=gate_up,
+        MODE=_mode(x.dtype),
+        PDL=pdl,
+        num_warps=tile.warps,
+        **pdl_kw,
+    )
+
+
+def fits(name: str, k: int, n: int, splits: int) -> bool:
+    """Whether a [K, N] projection split ``splits`` ways fits the tiles of ``name`` at every row count."""
+    for rows in (1, MAX_ROWS):
+        t = tile_for(name, rows)
+        if k % splits or (k // splits) % t.block_k or n % t.block_n:
+            return False
+    return True
+
+
+def _check(x: torch.Tensor, weight_t: torch.Tensor) -> None:
+    if x.dim() != 2 or weight_t.dim() != 2 or x.shape[1] != weight_t.shape[0]:
+        raise ValueError(
+            f"Triton GEMM: x [M, K] and weight_t [K, N] expected; got {tuple(x.shape)}, {tuple(weight_t.shape)}"
+        )
+    if x.stride(1) != 1 or weight_t.stride(1) != 1:
+        raise ValueError("Triton GEMM: x and weight_t must be contiguous in their last dimension")
+    if x.dtype != weight_t.dtype:
+        raise ValueError(f"Triton GEMM: x and weight_t must share a dtype; got {x.dtype}, {weight_t.dtype}")
+    if not 1 <= x.shape[0] <= MAX_ROWS:
+        raise ValueError(f"Triton GEMM: 1-{MAX_ROWS} rows, got {x.shape[0]}")
+
+
+def splitk_partials(x: torch.Tensor, weight_t: torch.Tensor, splits: int, name: str) -> torch.Tensor:
+    """``x`` [M, K] @ ``weight_t`` [K, N] as ``splits`` fp32 partials [S, M, N] over equal K slices (their sum,
+    rounded to x's dtype, is the product up to the accumulation order); ``name`` picks the tile (:func:`tile_for`)."""
+    _check(x, weight_t)
+    n = weight_t.shape[1]
+    out = torch.empty((splits, x.shape[0], n), dtype=torch.float32, device=x.device)
+    _launch(x, weight_t, out, n, splits, tile_for(name, x.shape[0]), gate_up=False)
+    return out
+
+
+def gate_up_silu(x: torch.Tensor, weight_t: torch.Tensor, intermediate: int) -> torch.Tensor:
+    """``silu(gate) * up`` for ``gate, up = (x @ weight_t).split(intermediate, -1)`` in one kernel: [M, I] in x's
+    dtype (the fused gate_up GEMM followed by ``silu_mul``, up to the accumulation order)."""
+    _check(x, weight_t)
+    if weight_t.shape[1] != 2 * intermediate:
+        raise ValueError(f"gate_up weight must be [K, {2 * intermediate}]; got {tuple(weight_t.shape)}")
+    out = torch.empty((x.shape[0], intermediate), dtype=x.dtype, device=x.device)
+    _launch(x, weight_t, out, intermediate, 1, tile_for("gate_up", x.shape[0]), gate_up=True)
+    return out
