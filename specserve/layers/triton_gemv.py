@@ -318,6 +318,9 @@ def gemv(
     * ``norm_weight`` (+ optional ``residual``): ``h = residual + x`` (rounded), ``RMSNorm(h) @ W.T``; returns
       ``h`` as the new residual (``x`` itself without ``residual``);
     * ``silu_mul``: ``x`` is ``[M, 2K]`` = gate | up: ``(SiLU(gate) * up) @ W.T``.
+
+    ``weight`` must be a model weight, not written by the kernels before this one: under programmatic dependent
+    launch (``SPECSERVE_PDL``) the one-pass tile reads it before waiting for its predecessor.
     """
     if x.dim() != 2 or x.stride(1) != 1 or weight.dim() != 2 or weight.stride(1) != 1:
         raise ValueError("gemv: x [M, K] and weight [N, K] need contiguous rows")
