@@ -258,7 +258,8 @@ def test_rope_store_rejects_a_flat_qkv_clearly():
 TINY_TILES = ",".join(f"{n}@{r}=16:16:2:4" for n in ("qkv", "o", "gate_up", "down") for r in (1, 16))
 
 
-@pytest.mark.parametrize("fixture", ["tiny_qwen3_dir", "tiny_qwen2_dir"])  # qwen2: qkv biases (cuBLAS, unsplit)
+# qwen2: qkv biases (that projection stays on cuBLAS, unsplit)
+@pytest.mark.parametrize("fixture", ["tiny_qwen3_dir", "tiny_qwen2_dir"])
 def test_engine_tokens_unchanged_with_triton_gemm(fixture, request, tmp_path, monkeypatch):
     """The split GEMMs as the Triton kernels of triton_splitk (interpreted; gate_up + SiLU-mul in one kernel):
     greedy tokens of plain decoding and of DFlash K=4 (16-row verify: the tensor-core tile) equal the cuBLAS
@@ -278,19 +279,23 @@ def test_engine_tokens_unchanged_with_triton_gemm(fixture, request, tmp_path, mo
     calls: list[tuple[str, int]] = []
     for fn in ("splitk_partials", "gate_up_silu"):
         real = getattr(ts, fn)
-        monkeypatch.setattr(ts, fn, lambda *a, _r=real, _n=fn, **k: calls.append((_n, a[0].shape[0])) or _r(*a, **k))
+        spy = lambda *a, _r=real, _n=fn, **k: calls.append((_n, a[0].shape[0])) or _r(*a, **k)  # noqa: E731
+        monkeypatch.setattr(ts, fn, spy)
     outs = {}
     for flag in ("0", "1"):
         monkeypatch.setenv("SPECSERVE_TRITON_GEMM", flag)
         llm = LLM(path, **kw)
         assert llm.engine.runner.model.triton_gemm == (flag == "1")
         outs[flag] = [o.outputs[0].token_ids for o in llm.generate(prompts, sp)]
-        outs[flag + "b1"] = llm.generate(prompts[:1], sp)[0].outputs[0].token_ids  # one row: the CUDA-core tile
+        one = llm.generate(prompts[:1], sp)  # one row: the CUDA-core tile
+        outs[flag + "b1"] = one[0].outputs[0].token_ids
     assert outs["1"] == outs["0"] and outs["1b1"] == outs["0b1"]
     names = {c[0] for c in calls}
     assert "gate_up_silu" in names and ("splitk_partials" in names) and {c[1] for c in calls} >= {1, 3}
     mc = llm.engine.runner.model.config
-    dflash = make_dflash(tmp_path / "d", mc.hidden_size, mc.num_hidden_layers, mc.vocab_size, layer_ids=[0, 1])
+    dflash = make_dflash(
+        tmp_path / "d", mc.hidden_size, mc.num_hidden_layers, mc.vocab_size, layer_ids=[0, 1]
+    )
     calls.clear()
     spec = {"method": "dflash", "model": dflash, "num_speculative_tokens": 4}
     llm = LLM(path, speculative_config=spec, **kw)
@@ -300,7 +305,8 @@ def test_engine_tokens_unchanged_with_triton_gemm(fixture, request, tmp_path, mo
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("rows", [1, 5, 16])  # 1: the CUDA-core tile; 5, 16: the tensor-core tile (padded to 16)
+# 1 row: the CUDA-core tile; 5, 16: the tensor-core tile (rows padded to 16)
+@pytest.mark.parametrize("rows", [1, 5, 16])
 def test_triton_splitk_kernels_match_torch(dtype, rows, monkeypatch):
     """triton_splitk (interpreted): the fp32 partials sum to x @ W (fp32 math on the same inputs), partial s is
     the product of the s-th K slice, and gate_up_silu equals silu_mul of the rounded product."""
@@ -342,7 +348,8 @@ def test_triton_splitk_rejects_bad_shapes_and_settings(monkeypatch):
     with pytest.raises(ValueError, match="SPECSERVE_TRITON_GEMM_TILES"):
         ts.tile_for("o", 1)
     monkeypatch.delenv("SPECSERVE_TRITON_GEMM_TILES")
-    assert ts.tile_for("qkv", 1) == ts.GemmTile(256, 32, 4, 4) and ts.tile_for("qkv", 7) == ts.tile_for("qkv", 16)
+    assert ts.tile_for("qkv", 1) == ts.GemmTile(256, 32, 4, 4)
+    assert ts.tile_for("qkv", 7) == ts.tile_for("qkv", 16)
     monkeypatch.setenv("SPECSERVE_TRITON_GEMM", "yes")
     with pytest.raises(ValueError, match="SPECSERVE_TRITON_GEMM must be"):
         ts.triton_gemm_enabled("cuda")

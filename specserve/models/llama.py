@@ -278,7 +278,7 @@ def _layer_fused_split(
     after them sums (``rope_store``, the add + RMSNorm: no reduce kernel; S x the CTAs at a decode step's few rows).
     ``x`` may be the previous layer's down partials [S, T, H]; the layer returns its own (the final norm sums the
     last layer's). Projections with biases (Qwen2's qkv) are not split. ``triton_gemm``: the split GEMMs run as the
-    Triton kernels of :mod:`specserve.layers.triton_splitk` (PDL, L2 prefetch) and gate_up + SiLU-mul as one."""
+    Triton kernels of :mod:`specserve.layers.triton_splitk` and, from 2 rows, gate_up + SiLU-mul as one."""
     from specserve.layers.triton_fused import silu_mul
     from specserve.layers.triton_splitk import GATE_UP_MIN_ROWS, gate_up_silu, splitk_partials
 
