@@ -357,6 +357,21 @@ def test_triton_splitk_rejects_bad_shapes_and_settings(monkeypatch):
     assert ts.triton_gemm_enabled("cuda") and not ts.triton_gemm_enabled("cpu")
 
 
+def test_pdl_setting(monkeypatch):
+    """SPECSERVE_PDL: 1 / 0 on CUDA devices (the launch keyword follows), never on CPU, anything else an error."""
+    from specserve.layers.triton_fused import pdl_enabled, pdl_launch
+
+    cuda = torch.device("cuda")
+    monkeypatch.setenv("SPECSERVE_PDL", "1")
+    assert pdl_enabled(cuda) and pdl_launch(cuda) == (True, {"launch_pdl": True})
+    assert not pdl_enabled(torch.device("cpu")) and pdl_launch(torch.device("cpu")) == (False, {})
+    monkeypatch.setenv("SPECSERVE_PDL", "0")
+    assert pdl_launch(cuda) == (False, {})
+    monkeypatch.setenv("SPECSERVE_PDL", "2")
+    with pytest.raises(ValueError, match="SPECSERVE_PDL must be 0 or 1"):
+        pdl_enabled(cuda)
+
+
 _HOPPER_SPLITK_SCRIPT = r"""
 import specserve.layers.triton_splitk as ts
 from specserve.layers.triton_fused import _BF16

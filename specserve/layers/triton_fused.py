@@ -12,6 +12,10 @@ fp32 reduction order (at most 1 ulp of the model dtype, in rare elements). Round
 (round to nearest even) because the Triton interpreter truncates in ``.to(tl.bfloat16)``; on the GPU the two
 agree.
 
+On Hopper (compute capability 9.0+) every kernel here launches with programmatic dependent launch
+(:func:`pdl_enabled`, ``SPECSERVE_PDL``): it waits for its predecessor inside the kernel (:func:`_pdl_wait`), so
+its launch overlaps the predecessor's run (H200, session 13: SmolLM2-135M batch-1 decode 1437 -> 1741 tok/s).
+
 All kernels also run under ``TRITON_INTERPRET=1`` on CPU tensors (that is how the tests exercise them), have no
 host syncs and take grids from static shapes only, so they are CUDA-graph capturable.
 """
@@ -23,7 +27,14 @@ import os
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+try:  # programmatic dependent launch (griddepcontrol); older Triton releases lack it: PDL stays off there
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+    _HAS_GDC = True
+except ImportError:  # pragma: no cover - depends on the installed Triton
+    gdc_launch_dependents = gdc_wait = None  # type: ignore[assignment]
+    _HAS_GDC = False
 
 __all__ = [
     "fused_add_rms_norm",
@@ -54,7 +65,7 @@ def pdl_enabled(device: torch.device) -> bool:
     kernel waits for its predecessor's writes inside the kernel (:func:`_pdl_wait`), so its launch overlaps the
     predecessor's run (H200, session 13: Qwen3-8B-shaped decode 4.622 -> 4.590 ms at batch 1, 5.042 -> 4.935 at
     8 with the Triton split-K GEMMs, benchmarks/results/h200-2026-12-03-s13/c3)."""
-    if device.type != "cuda":
+    if device.type != "cuda" or not _HAS_GDC:
         return False
     v = os.environ.get("SPECSERVE_PDL", "").strip()
     if v:
