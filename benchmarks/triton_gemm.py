@@ -34,13 +34,18 @@ from l2_prefetch import LAYERS, graph_ms  # noqa: E402
 from step_latency import copy_bandwidth, result_meta  # noqa: E402
 
 import specserve.layers.triton_splitk as ts  # noqa: E402
+from specserve.layers.linear import DEFAULT_SPLIT_GEMM_TRITON  # noqa: E402
 from specserve.layers.triton_fused import fused_add_rms_norm_partials, silu_mul  # noqa: E402
 
 SHAPES = {"qkv": (4096, 6144), "o": (4096, 4096), "gate_up": (4096, 24576), "down": (12288, 4096)}
 SPLITS = {"qkv": (2, 4, 8), "o": (4, 8, 16), "down": (4, 8, 16), "gate_up": (1,)}
 TILES_1 = [(128, 32, 4, 4), (128, 64, 3, 4), (256, 32, 4, 4), (64, 64, 4, 4)]
 TILES_16 = [(64, 64, 4, 4), (128, 64, 3, 4), (64, 128, 3, 4), (128, 128, 3, 8)]
-SPLITS_DEFAULT = {"qkv": 8, "o": 8, "down": 8, "gate_up": 1}
+# the engine's splits with the Triton GEMMs (gate_up is never split)
+SPLITS_DEFAULT = {
+    **{p.split("=")[0]: int(p.split("=")[1]) for p in DEFAULT_SPLIT_GEMM_TRITON.split(",")},
+    "gate_up": 1,
+}
 GATE_UP_1 = [(64, 32, 4, 4), (32, 64, 4, 4), (64, 64, 3, 4), (128, 32, 4, 4)]
 
 
