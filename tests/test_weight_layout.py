@@ -262,8 +262,8 @@ TINY_TILES = ",".join(f"{n}@{r}=16:16:2:4" for n in ("qkv", "o", "gate_up", "dow
 @pytest.mark.parametrize("fixture", ["tiny_qwen3_dir", "tiny_qwen2_dir"])
 def test_engine_tokens_unchanged_with_triton_gemm(fixture, request, tmp_path, monkeypatch):
     """The split GEMMs as the Triton kernels of triton_splitk (interpreted; gate_up + SiLU-mul in one kernel):
-    greedy tokens of plain decoding and of DFlash K=4 (16-row verify: the tensor-core tile) equal the cuBLAS
-    split engine's (float32)."""
+    greedy tokens of plain decoding (1 and 2 rows) and of DFlash K=4 (verify steps of 5 rows a request: the
+    tensor-core tile) equal the cuBLAS split engine's (float32)."""
     from drafters import make_dflash
 
     import specserve.layers.triton_splitk as ts
@@ -273,8 +273,8 @@ def test_engine_tokens_unchanged_with_triton_gemm(fixture, request, tmp_path, mo
     monkeypatch.setenv("SPECSERVE_WEIGHT_LAYOUT", "kn")
     monkeypatch.setenv("SPECSERVE_SPLIT_GEMM", "qkv=2,o=2,down=4")
     monkeypatch.setenv("SPECSERVE_TRITON_GEMM_TILES", TINY_TILES)
-    prompts = ["The capital of France is", "1 2 3 4 5 6", "def f(x):"]
-    sp = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+    prompts = ["The capital of France is", "def f(x):"]
+    sp = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
     kw = dict(dtype="float32", device="cpu", num_gpu_blocks=32, attention_backend="triton")
     calls: list[tuple[str, int]] = []
     for fn in ("splitk_partials", "gate_up_silu"):
@@ -291,7 +291,7 @@ def test_engine_tokens_unchanged_with_triton_gemm(fixture, request, tmp_path, mo
         outs[flag + "b1"] = one[0].outputs[0].token_ids
     assert outs["1"] == outs["0"] and outs["1b1"] == outs["0b1"]
     names = {c[0] for c in calls}
-    assert "gate_up_silu" in names and ("splitk_partials" in names) and {c[1] for c in calls} >= {1, 3}
+    assert "gate_up_silu" in names and ("splitk_partials" in names) and {c[1] for c in calls} >= {1, 2}
     mc = llm.engine.runner.model.config
     dflash = make_dflash(
         tmp_path / "d", mc.hidden_size, mc.num_hidden_layers, mc.vocab_size, layer_ids=[0, 1]
@@ -301,7 +301,7 @@ def test_engine_tokens_unchanged_with_triton_gemm(fixture, request, tmp_path, mo
     llm = LLM(path, speculative_config=spec, **kw)
     assert [o.outputs[0].token_ids for o in llm.generate(prompts, sp)] == outs["0"]
     assert llm.get_metrics()["spec_decode_num_drafts"] > 0
-    assert any(c[1] > 3 for c in calls)  # verify steps of 5 rows per request
+    assert any(c[1] > 2 for c in calls)  # verify steps of 5 rows per request
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -332,6 +332,7 @@ def test_triton_splitk_kernels_match_torch(dtype, rows, monkeypatch):
 
 def test_triton_splitk_rejects_bad_shapes_and_settings(monkeypatch):
     import specserve.layers.triton_splitk as ts
+    from specserve.layers.linear import triton_gemm_enabled
 
     monkeypatch.setenv("SPECSERVE_TRITON_GEMM_TILES", TINY_TILES)
     x, w = torch.randn(2, 64), torch.randn(64, 48)
@@ -352,9 +353,9 @@ def test_triton_splitk_rejects_bad_shapes_and_settings(monkeypatch):
     assert ts.tile_for("qkv", 7) == ts.tile_for("qkv", 16)
     monkeypatch.setenv("SPECSERVE_TRITON_GEMM", "yes")
     with pytest.raises(ValueError, match="SPECSERVE_TRITON_GEMM must be"):
-        ts.triton_gemm_enabled("cuda")
+        triton_gemm_enabled("cuda")
     monkeypatch.delenv("SPECSERVE_TRITON_GEMM")
-    assert ts.triton_gemm_enabled("cuda") and not ts.triton_gemm_enabled("cpu")
+    assert triton_gemm_enabled("cuda") and not triton_gemm_enabled("cpu")
 
 
 def test_pdl_setting(monkeypatch):

@@ -81,6 +81,19 @@ DEFAULT_SPLIT_GEMM = "qkv=4,o=4,down=4"
 DEFAULT_SPLIT_GEMM_TRITON = "qkv=8,o=8,down=8"
 
 
+def triton_gemm_enabled(device: torch.device | str) -> bool:
+    """Whether the split-K decode GEMMs run as the Triton kernels of :mod:`specserve.layers.triton_splitk`
+    (``SPECSERVE_TRITON_GEMM`` = ``1``/``0``; default on for CUDA) instead of cuBLAS batched GEMMs
+    (:meth:`TransposedLinear.partials`) + ``silu_mul``. Defined here (no Triton import): the runner asks on CPU
+    installs without Triton too."""
+    v = os.environ.get("SPECSERVE_TRITON_GEMM", "").strip()
+    if v:
+        if v not in ("0", "1"):
+            raise ValueError(f"SPECSERVE_TRITON_GEMM must be 0 or 1, got {v!r}")
+        return v == "1"
+    return torch.device(device).type == "cuda"
+
+
 def split_gemm_config(device: torch.device | str, layout: str, triton_gemm: bool = False) -> dict[str, int]:
     """Splits per projection (``qkv``, ``o``, ``down``) for the split-K decode GEMMs of
     :meth:`TransposedLinear.partials` (or of the Triton kernels when ``triton_gemm``), transposed weights only:

@@ -46,24 +46,12 @@ __all__ = [
     "gate_up_silu",
     "splitk_partials",
     "tile_for",
-    "triton_gemm_enabled",
 ]
 
 # gate_up + SiLU-mul as one Triton kernel from this many rows: at one row cuBLAS's GEMM + silu_mul is faster
 # (Qwen3-8B shape, H200, session 13: 49.1 vs 52.5 us; at 16 rows 50.1 vs 47.7)
 GATE_UP_MIN_ROWS = 2
 MAX_ROWS = 16  # rows the tensor-core tile covers (padded); more rows take the cuBLAS path
-
-
-def triton_gemm_enabled(device: torch.device | str) -> bool:
-    """Whether the split-K decode GEMMs run as the Triton kernels here (``SPECSERVE_TRITON_GEMM`` = ``1``/``0``;
-    default on for CUDA) instead of cuBLAS batched GEMMs (:meth:`TransposedLinear.partials`) + ``silu_mul``."""
-    v = os.environ.get("SPECSERVE_TRITON_GEMM", "").strip()
-    if v:
-        if v not in ("0", "1"):
-            raise ValueError(f"SPECSERVE_TRITON_GEMM must be 0 or 1, got {v!r}")
-        return v == "1"
-    return torch.device(device).type == "cuda"
 
 
 @dataclass(frozen=True)

@@ -153,8 +153,12 @@ class ModelRunner:
         else:
             self.model.load_weights(weights)  # type: ignore[arg-type]
         self.model.eval().requires_grad_(False)
-        from specserve.layers.linear import split_gemm_config, transpose_decoder_linears, weight_layout
-        from specserve.layers.triton_splitk import triton_gemm_enabled
+        from specserve.layers.linear import (
+            split_gemm_config,
+            transpose_decoder_linears,
+            triton_gemm_enabled,
+            weight_layout,
+        )
 
         # decode GEMM layout (layers/linear.py); the drafters follow the target's
         self.weight_layout = weight_layout(device, int(model_config.hidden_size))
