@@ -404,3 +404,18 @@ def test_splitk_tiles_compile_for_hopper_without_spills() -> None:
     from sm90 import run_script
 
     run_script(_HOPPER_SPLITK_SCRIPT)
+
+
+def test_triton_gemm_falls_back_where_the_tiles_do_not_fit(tiny_qwen3_dir, monkeypatch):
+    """SPECSERVE_TRITON_GEMM=1 with the default (Qwen3-8B) tiles on a tiny model: the runner keeps the cuBLAS split
+    path (the projections' 64-128 columns are no multiple of those tiles); with tiles that fit it takes Triton's."""
+    from specserve import LLM
+
+    monkeypatch.setenv("SPECSERVE_WEIGHT_LAYOUT", "kn")
+    monkeypatch.setenv("SPECSERVE_SPLIT_GEMM", "qkv=2,o=2,down=4")
+    monkeypatch.setenv("SPECSERVE_TRITON_GEMM", "1")
+    kw = dict(dtype="float32", device="cpu", num_gpu_blocks=8, attention_backend="triton")
+    monkeypatch.delenv("SPECSERVE_TRITON_GEMM_TILES", raising=False)
+    assert LLM(tiny_qwen3_dir, **kw).engine.runner.model.triton_gemm is False
+    monkeypatch.setenv("SPECSERVE_TRITON_GEMM_TILES", TINY_TILES)
+    assert LLM(tiny_qwen3_dir, **kw).engine.runner.model.triton_gemm is True

@@ -179,7 +179,7 @@ def _launch(
     gate_up: bool,
 ) -> None:
     m, k = x.shape
-    if k % splits or (k // splits) % tile.block_k or n % tile.block_n:
+    if not _tile_fits(k, n, splits, tile):
         raise ValueError(
             f"Triton GEMM: K={k} must split {splits} ways into multiples of {tile.block_k} and N={n} be a multiple "
             f"of {tile.block_n}"
@@ -215,11 +215,11 @@ def _launch(
 
 def fits(name: str, k: int, n: int, splits: int) -> bool:
     """Whether a [K, N] projection split ``splits`` ways fits the tiles of ``name`` at every row count."""
-    for rows in (1, MAX_ROWS):
-        t = tile_for(name, rows)
-        if k % splits or (k // splits) % t.block_k or n % t.block_n:
-            return False
-    return True
+    return all(_tile_fits(k, n, splits, tile_for(name, rows)) for rows in (1, MAX_ROWS))
+
+
+def _tile_fits(k: int, n: int, splits: int, tile: GemmTile) -> bool:
+    return k % splits == 0 and (k // splits) % tile.block_k == 0 and n % tile.block_n == 0
 
 
 def _check(x: torch.Tensor, weight_t: torch.Tensor) -> None:

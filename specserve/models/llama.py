@@ -217,7 +217,8 @@ def run_layers_fused(
 
     ``split_gemm`` (``{"qkv": S, "o": S, "down": S}``, transposed weights): steps of at most ``SPLIT_MAX_ROWS`` rows run
     those projections as split-K partials summed by the add + RMSNorm after them (:func:`_layer_fused_split`);
-    ``triton_gemm``: as the Triton kernels of :mod:`specserve.layers.triton_splitk` where the shapes fit their tiles.
+    ``triton_gemm``: as the Triton kernels of :mod:`specserve.layers.triton_splitk` (the runner checked that the
+    shapes fit their tiles: :func:`triton_gemm_fits`).
 
     ``taps[i]`` is the residual stream entering layer i (i = number of layers: the stack's output), i.e. HF's
     ``hidden_states[i]``: the value the torch path's ``h`` has there (the fused adds round as ``h = h + x``).
@@ -226,11 +227,7 @@ def run_layers_fused(
     taps: dict[int, torch.Tensor] = {}
     run_layer = _layer_gemv if _gemv_path(layers, h) else _layer_fused
     if split_gemm and run_layer is _layer_fused and h.shape[0] <= SPLIT_MAX_ROWS:
-        run_layer = functools.partial(
-            _layer_fused_split,
-            splits=split_gemm,
-            triton_gemm=triton_gemm and triton_gemm_fits(layers, split_gemm),
-        )
+        run_layer = functools.partial(_layer_fused_split, splits=split_gemm, triton_gemm=triton_gemm)
     x, residual = h, None
     for i, mod in enumerate(layers):
         x, entering, residual = run_layer(
@@ -300,7 +297,7 @@ def _layer_fused_split(
     a = attn.attend(q, meta, cache, backend)
     o = partials(attn.o_proj, a, "o") if "o" in splits and attn.o_proj.bias is None else attn.o_proj(a)
     h, after_attn = add_rms_norm(o, entering, pn)  # sums o's partials when o_proj was split
-    if triton_gemm and mlp.gate_up_proj.bias is None and h.shape[0] >= GATE_UP_MIN_ROWS:
+    if triton_gemm and h.shape[0] >= GATE_UP_MIN_ROWS:  # (the MLP's projections have no biases)
         s = gate_up_silu(h, cast(TransposedLinear, mlp.gate_up_proj).weight_t, mlp.intermediate)
     else:
         s = silu_mul(mlp.gate_up_proj(h), mlp.intermediate)
@@ -393,7 +390,8 @@ class DecoderLM(nn.Module):
         self.backend: AttentionBackend | None = None
         # split-K decode GEMMs (layers/linear.py split_gemm_config), set by the runner for transposed weights
         self.split_gemm: dict[str, int] = {}
-        self.triton_gemm = False  # those GEMMs as Triton kernels (layers/triton_splitk.py), set by the runner
+        # those GEMMs as Triton kernels (layers/triton_splitk.py), set by the runner where the tiles fit
+        self.triton_gemm = False
 
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttnMetadata

@@ -170,6 +170,12 @@ class ModelRunner:
         self.model.rope.to(device)
         self.backend = make_backend(config.attention_backend, device)
         self.model.backend = self.backend
+        if self.model.triton_gemm:  # the Triton GEMMs run on the fused path, where the shapes fit their tiles
+            from specserve.models.llama import triton_gemm_fits
+
+            self.model.triton_gemm = self.backend.fused and triton_gemm_fits(
+                self.model.layers, self.model.split_gemm
+            )
         self.proposer: Proposer | None = None
         if spec is not None:
             from specserve.spec import build_proposer
