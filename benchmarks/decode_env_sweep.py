@@ -6,7 +6,10 @@
         --values "SPECSERVE_TRITON_GEMM=0;SPECSERVE_PDL=0" "SPECSERVE_TRITON_GEMM=1;SPECSERVE_PDL=1"
 
 (``--env -``: each value is a ``;``-separated list of ``NAME=VALUE`` settings; a name set by one value and not by
-the next returns to its original setting.)
+the next returns to its original setting.) ``--spec JSON``: the step of that speculative config instead of plain
+decoding (random drafter weights too: ms per engine step, whatever it accepts), e.g. the bundled SmolLM2 drafter
+``--config-dir .bench/smollm2 --spec '{"method": "dflash", "model": "specserve/assets/smollm2-135m-dflash",
+"num_speculative_tokens": 15}'``.
 
 Per value: a fresh engine (the knob is read at start / capture), ms per engine step over 64 greedy tokens after a
 128-token prompt (best of 3 runs), whether the greedy tokens equal the first value's (random bf16 weights: a GEMM's
@@ -36,8 +39,12 @@ def main() -> int:
     ap.add_argument("--values", nargs="+", required=True)
     ap.add_argument("--batches", nargs="+", type=int, default=[1])
     ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument(
+        "--spec", default=None, help="a speculative config (JSON): its step instead of plain decode"
+    )
     ap.add_argument("--out", default="benchmarks/results/decode_env_sweep.json")
     args = ap.parse_args()
+    spec = json.loads(args.spec) if args.spec else None
     from specserve import LLM, SamplingParams
 
     bw, read_bw = copy_bandwidth(), read_bandwidth()
@@ -62,7 +69,8 @@ def main() -> int:
         else:
             os.environ[args.env] = value
         llm = LLM(args.config_dir, load_format="dummy", dtype="bfloat16", device="cuda", max_model_len=2048,
-                  max_num_seqs=max(args.batches), enable_prefix_caching=False, gpu_memory_utilization=0.5)  # fmt: skip
+                  max_num_seqs=max(args.batches), enable_prefix_caching=False, gpu_memory_utilization=0.5,
+                  speculative_config=spec)  # fmt: skip
         steps = count_steps(llm.engine)
         wb = read_weight_bytes(llm.engine.runner.model)
         for b in args.batches:
@@ -80,7 +88,7 @@ def main() -> int:
                 next((i for i, (x, y) in enumerate(zip(a, r)) if x != y), len(a))
                 for a, r in zip(toks, ref[b])
             ) / sum(len(a) for a in toks)
-            row = {"env": args.env, "value": value, "batch": b, "step_ms": round(best, 3),
+            row = {"env": args.env, "value": value, "spec": spec, "batch": b, "step_ms": round(best, 3),
                    "x_floor": round(best / (1e3 * wb / dram), 3), "same_tokens_as_first": same,
                    "common_prefix": round(common, 3)}  # fmt: skip
             rows.append(row)

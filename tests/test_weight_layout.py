@@ -170,7 +170,12 @@ def test_split_gemm_config(monkeypatch):
     assert split_gemm_config("cuda", "kn") == {}
     monkeypatch.setenv("SPECSERVE_SPLIT_GEMM", "o=4,down=1")
     assert split_gemm_config("cuda", "kn") == {"o": 4}  # 1: not split
-    assert split_gemm_config("cuda", "nk") == {}  # nn.Linear's layout: never
+    assert split_gemm_config("cuda", "nk") == {}  # nn.Linear's layout: only on the Triton kernels
+    assert split_gemm_config("cuda", "nk", triton_gemm=True) == {"o": 4, "down": 1}  # 1: Triton, one partial
+    monkeypatch.delenv("SPECSERVE_SPLIT_GEMM")
+    assert split_gemm_config("cuda", "kn", triton_gemm=True) == {"qkv": 8, "o": 8, "down": 8}
+    assert split_gemm_config("cuda", "nk", triton_gemm=True) == {"qkv": 3, "o": 3, "down": 4}
+    assert split_gemm_config("cpu", "nk", triton_gemm=True) == {}
     for bad in ("gate_up=2", "o=x", "o=0"):
         monkeypatch.setenv("SPECSERVE_SPLIT_GEMM", bad)
         with pytest.raises(ValueError, match="SPECSERVE_SPLIT_GEMM"):
@@ -255,7 +260,9 @@ def test_rope_store_rejects_a_flat_qkv_clearly():
                    None, None, 0.0, kc, kc.clone(), torch.zeros(1, dtype=torch.long), 4, 2, 16)  # fmt: skip
 
 
-TINY_TILES = ",".join(f"{n}@{r}=16:16:2:4" for n in ("qkv", "o", "gate_up", "down") for r in (1, 16))
+TINY_TILES = ",".join(
+    f"{n}@{r}{lay}=16:16:2:4" for n in ("qkv", "o", "gate_up", "down") for r in (1, 16) for lay in ("", "nk")
+)
 
 
 # qwen2: qkv biases (that projection stays on cuBLAS, unsplit)
@@ -304,25 +311,86 @@ def test_engine_tokens_unchanged_with_triton_gemm(fixture, request, tmp_path, mo
     assert any(c[1] > 2 for c in calls)  # verify steps of 5 rows per request
 
 
+def test_engine_tokens_unchanged_with_triton_gemm_on_nn_linear_weights(tiny_qwen3_dir, tmp_path, monkeypatch):
+    """Small targets keep nn.Linear's [N, K] weights: with the Triton GEMMs on, their 2-16-row steps (DFlash K=4
+    verify, the drafter's block) run the split-K kernels on ``weight.t()`` views, and the drafter's layers take the
+    target's splits; greedy tokens equal those of the engine without them (cuBLAS, no split; float32)."""
+    from drafters import make_dflash
+
+    import specserve.layers.triton_splitk as ts
+    import specserve.models.llama as llama
+    from specserve import LLM, SamplingParams
+
+    monkeypatch.setenv("SPECSERVE_WEIGHT_LAYOUT", "nk")
+    monkeypatch.setenv("SPECSERVE_SPLIT_GEMM", "qkv=2,o=1,down=2")
+    monkeypatch.setenv("SPECSERVE_TRITON_GEMM_TILES", TINY_TILES)
+    prompts = ["The capital of France is", "def f(x):"]
+    sp = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    kw = dict(dtype="float32", device="cpu", num_gpu_blocks=64, attention_backend="triton")
+    layouts: list[str] = []
+    real = ts._launch
+    monkeypatch.setattr(
+        ts, "_launch", lambda x, w, *a, **k: layouts.append(ts.layout_of(w)) or real(x, w, *a, **k)
+    )
+    split_layers: set[int] = set()  # the decoder layers that ran the split path
+    real_split = llama._layer_fused_split
+    monkeypatch.setattr(
+        llama,
+        "_layer_fused_split",
+        lambda lyr, *a, **k: split_layers.add(id(lyr)) or real_split(lyr, *a, **k),
+    )
+    mc = LLM(tiny_qwen3_dir, **kw).engine.runner.model.config
+    dflash = make_dflash(
+        tmp_path / "d", mc.hidden_size, mc.num_hidden_layers, mc.vocab_size, layer_ids=[0, 1]
+    )
+    spec = {"method": "dflash", "model": dflash, "num_speculative_tokens": 4}
+    outs = {}
+    for flag in ("0", "1"):
+        monkeypatch.setenv("SPECSERVE_TRITON_GEMM", flag)
+        llm = LLM(tiny_qwen3_dir, speculative_config=spec, **kw)
+        runner = llm.engine.runner
+        drafter = runner.proposer.model
+        assert runner.weight_layout == "nk" and runner.model.triton_gemm == (flag == "1")
+        want = {"qkv": 2, "o": 1, "down": 2} if flag == "1" else {}
+        assert runner.model.split_gemm == want and drafter.split_gemm == want
+        assert drafter.triton_gemm == (flag == "1")
+        split_layers.clear()
+        outs[flag] = [o.outputs[0].token_ids for o in llm.generate(prompts, sp)]
+        assert llm.get_metrics()["spec_decode_num_drafts"] > 0
+        ran = (
+            {id(m) for m in drafter.layers} & split_layers,
+            {id(m) for m in runner.model.layers} & split_layers,
+        )
+        assert all(ran) == (flag == "1")  # drafter and target layers both took the split path
+    assert outs["1"] == outs["0"]
+    assert layouts and set(layouts) == {"nk"}
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 # 1 row: the CUDA-core tile; 5, 16: the tensor-core tile (rows padded to 16)
 @pytest.mark.parametrize("rows", [1, 5, 16])
-def test_triton_splitk_kernels_match_torch(dtype, rows, monkeypatch):
+@pytest.mark.parametrize("layout", ["kn", "nk"])  # nk: an nn.Linear weight [N, K] passed as weight.t()
+def test_triton_splitk_kernels_match_torch(dtype, rows, layout, monkeypatch):
     """triton_splitk (interpreted): the fp32 partials sum to x @ W (fp32 math on the same inputs), partial s is
     the product of the s-th K slice, and gate_up_silu equals silu_mul of the rounded product."""
     import specserve.layers.triton_splitk as ts
     from specserve.layers.triton_fused import silu_mul
 
+    def weight(k: int, n: int) -> torch.Tensor:
+        w = torch.randn(k, n) / 8
+        return (w if layout == "kn" else w.t().contiguous().t()).to(dtype)
+
     monkeypatch.setenv("SPECSERVE_TRITON_GEMM_TILES", TINY_TILES)
     torch.manual_seed(rows)
     k, n, s = 64, 48, 4
-    x, w = torch.randn(rows, k).to(dtype), (torch.randn(k, n) / 8).to(dtype)
+    x, w = torch.randn(rows, k).to(dtype), weight(k, n)
+    assert ts.layout_of(w) == layout
     parts = ts.splitk_partials(x, w, s, "o")
     assert parts.shape == (s, rows, n) and parts.dtype == torch.float32
     xf, wf = x.float(), w.float()
     torch.testing.assert_close(parts.sum(0), xf @ wf, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(parts[2], xf[:, 32:48] @ wf[32:48], rtol=1e-5, atol=1e-5)
-    wg = (torch.randn(k, 2 * n) / 8).to(dtype)
+    wg = weight(k, 2 * n)
     got = ts.gate_up_silu(x, wg, n)
     ref = silu_mul((xf @ wg.float()).to(dtype), n)
     assert got.dtype == dtype and got.shape == (rows, n)
@@ -344,6 +412,8 @@ def test_triton_splitk_rejects_bad_shapes_and_settings(monkeypatch):
         ts.splitk_partials(x.bfloat16(), w, 4, "o")
     with pytest.raises(ValueError, match="gate_up weight"):
         ts.gate_up_silu(x, w, 32)
+    with pytest.raises(ValueError, match="contiguous in"):
+        ts.splitk_partials(x, torch.randn(64, 96)[:, ::2], 4, "o")  # no unit stride
     assert ts.fits("o", 64, 48, 4) and not ts.fits("o", 64, 40, 4) and not ts.fits("o", 64, 48, 8)
     monkeypatch.setenv("SPECSERVE_TRITON_GEMM_TILES", "o@2=16:16:2:4")
     with pytest.raises(ValueError, match="SPECSERVE_TRITON_GEMM_TILES"):
@@ -351,6 +421,12 @@ def test_triton_splitk_rejects_bad_shapes_and_settings(monkeypatch):
     monkeypatch.delenv("SPECSERVE_TRITON_GEMM_TILES")
     assert ts.tile_for("qkv", 1) == ts.GemmTile(256, 32, 4, 4)
     assert ts.tile_for("qkv", 7) == ts.tile_for("qkv", 16)
+    assert ts.tile_for("qkv", 16, "nk") == ts.GemmTile(64, 64, 3, 4)
+    monkeypatch.setenv("SPECSERVE_TRITON_GEMM_TILES", "qkv@16nk=32:32:2:4")
+    assert ts.tile_for("qkv", 16, "nk") == ts.GemmTile(32, 32, 2, 4) and ts.tile_for("qkv", 16).block_n == 128
+    with pytest.raises(ValueError, match="layout must be"):
+        ts.tile_for("qkv", 16, "tn")
+    monkeypatch.delenv("SPECSERVE_TRITON_GEMM_TILES")
     monkeypatch.setenv("SPECSERVE_TRITON_GEMM", "yes")
     with pytest.raises(ValueError, match="SPECSERVE_TRITON_GEMM must be"):
         triton_gemm_enabled("cuda")
@@ -379,18 +455,23 @@ from specserve.layers.triton_fused import _BF16
 from sm90 import compile_sm90
 
 ptrs = dict(x_ptr="bf16", w_ptr="bf16", out_ptr="fp32")
-# the default tiles of the Qwen3-8B projections: (name, rows class, N, K, splits)
-for name, cls, n, k, s in [("qkv", 1, 6144, 4096, 8), ("o", 1, 4096, 4096, 8), ("down", 1, 4096, 12288, 8),
-                           ("gate_up", 16, 12288, 4096, 1), ("qkv", 16, 6144, 4096, 8), ("down", 16, 4096, 12288, 8)]:
-    t = ts.tile_for(name, cls)
+# the default tiles of the Qwen3-8B projections (kn) and SmolLM2-135M's (nk): (layout, name, rows class, N, K, splits);
+# the unit weight stride is a constant, as the JIT specialises an int argument equal to 1
+for lay, name, cls, n, k, s in [
+    ("kn", "qkv", 1, 6144, 4096, 8), ("kn", "o", 1, 4096, 4096, 8), ("kn", "down", 1, 4096, 12288, 8),
+    ("kn", "gate_up", 16, 12288, 4096, 1), ("kn", "qkv", 16, 6144, 4096, 8), ("kn", "down", 16, 4096, 12288, 8),
+    ("nk", "qkv", 16, 960, 576, 3), ("nk", "o", 16, 576, 576, 3), ("nk", "gate_up", 16, 1536, 576, 1),
+    ("nk", "down", 16, 576, 1536, 4), ("nk", "qkv", 1, 960, 576, 3),
+]:
+    t = ts.tile_for(name, cls, lay)
     gate_up = name == "gate_up"
     const = dict(N=n, K_SPLIT=k // s, BLOCK_M=1 if cls == 1 else 16, BLOCK_N=t.block_n, BLOCK_K=t.block_k,
                  NUM_STAGES=t.stages, USE_DOT=cls > 1, PRECISION="tf32", UPCAST=False, GATE_UP=gate_up, MODE=_BF16,
-                 PDL=True)
+                 PDL=True, **({"stride_wn": 1} if lay == "kn" else {"stride_wk": 1}))
     p = dict(ptrs, out_ptr="bf16") if gate_up else ptrs
     kernel, reg, stack = compile_sm90(ts._splitk_gemm_kernel, p, const, t.warps, t.stages)
-    print(name, cls, f"REG:{reg} STACK:{stack}")
-    assert stack == 0, (name, cls)
+    print(lay, name, cls, f"REG:{reg} STACK:{stack}")
+    assert stack == 0, (lay, name, cls)
     ptx = kernel.asm["ptx"]
     assert "griddepcontrol.wait" in ptx and "griddepcontrol.launch_dependents" in ptx
     assert ("mma" in ptx) == (cls > 1), (name, cls)  # 2-16 rows on the tensor cores, one row on the CUDA cores

@@ -11,7 +11,9 @@ launch-bound batch-1 decode did not gain (1006 vs 985 tok/s, within run-to-run n
 ``SPECSERVE_WEIGHT_LAYOUT=nk|kn`` overrides it. Same values as ``nn.Linear`` up to the GEMM's accumulation order.
 
 At decode steps the transposed qkv / o / down projections also run as split-K batched GEMMs
-(:meth:`TransposedLinear.partials`, :func:`split_gemm_config`) whose fp32 partials the kernel after them sums.
+(:meth:`TransposedLinear.partials`, :func:`split_gemm_config`) whose fp32 partials the kernel after them sums; on
+CUDA as the Triton kernels of :mod:`specserve.layers.triton_splitk`, which also serve nn.Linear's layout (small
+targets' 2-16-row steps).
 """
 
 from __future__ import annotations
@@ -79,6 +81,9 @@ SPLIT_MAX_ROWS = 16  # split-K partials only for decode / verify steps of at mos
 DEFAULT_SPLIT_GEMM = "qkv=4,o=4,down=4"
 # Session 13 (h200-2026-12-03-s13/c1): the Triton split-K kernels (layers/triton_splitk.py) stream best at 8 splits
 DEFAULT_SPLIT_GEMM_TRITON = "qkv=8,o=8,down=8"
+# Small targets (nn.Linear's layout): their 2-16-row steps (speculative verify, the DFlash drafter's block) take the
+# Triton split-K kernels too, with fewer splits (a few-MB weight: K 576 / 1536 for SmolLM2-135M)
+DEFAULT_SPLIT_GEMM_TRITON_NK = "qkv=3,o=3,down=4"
 
 
 def triton_gemm_enabled(device: torch.device | str) -> bool:
@@ -95,23 +100,30 @@ def triton_gemm_enabled(device: torch.device | str) -> bool:
 
 
 def split_gemm_config(device: torch.device | str, layout: str, triton_gemm: bool = False) -> dict[str, int]:
-    """Splits per projection (``qkv``, ``o``, ``down``) for the split-K decode GEMMs of
-    :meth:`TransposedLinear.partials` (or of the Triton kernels when ``triton_gemm``), transposed weights only:
-    ``SPECSERVE_SPLIT_GEMM`` = ``qkv=S,o=S,down=S`` (``0``: none); default :data:`DEFAULT_SPLIT_GEMM` (Triton:
-    :data:`DEFAULT_SPLIT_GEMM_TRITON`) on CUDA, none elsewhere (measured on the H200 only)."""
+    """Splits per projection (``qkv``, ``o``, ``down``) for the split-K decode GEMMs: on transposed weights those of
+    :meth:`TransposedLinear.partials` or, when ``triton_gemm``, of the Triton kernels; on nn.Linear's layout
+    (``nk``) only with ``triton_gemm``. ``SPECSERVE_SPLIT_GEMM`` = ``qkv=S,o=S,down=S`` (``0``: none); default
+    :data:`DEFAULT_SPLIT_GEMM` (Triton: :data:`DEFAULT_SPLIT_GEMM_TRITON`, nk: :data:`DEFAULT_SPLIT_GEMM_TRITON_NK`)
+    on CUDA, none elsewhere (measured on the H200 only). A split of 1 keeps the projection in the Triton kernel
+    (one partial) where ``triton_gemm``; without it, out of the split path."""
+    if layout == "nk" and not triton_gemm:
+        return {}
     raw = os.environ.get("SPECSERVE_SPLIT_GEMM")
     if raw is None:
-        default = DEFAULT_SPLIT_GEMM_TRITON if triton_gemm else DEFAULT_SPLIT_GEMM
+        if triton_gemm:
+            default = DEFAULT_SPLIT_GEMM_TRITON if layout == "kn" else DEFAULT_SPLIT_GEMM_TRITON_NK
+        else:
+            default = DEFAULT_SPLIT_GEMM
         raw = default if torch.device(device).type == "cuda" else ""
     raw = raw.strip()
     out: dict[str, int] = {}
-    if raw in ("", "0") or layout != "kn":
+    if raw in ("", "0") or layout not in ("kn", "nk"):
         return out
     for part in raw.split(","):
         name, _, val = part.strip().partition("=")
         if name not in ("qkv", "o", "down") or not val.isdigit() or int(val) < 1:
             raise ValueError(f"SPECSERVE_SPLIT_GEMM: expected qkv=S,o=S,down=S (S >= 1), got {raw!r}")
-        if int(val) > 1:
+        if int(val) > 1 or triton_gemm:
             out[name] = int(val)
     return out
 

@@ -1,5 +1,5 @@
-"""Triton split-K GEMMs for decode / verify steps on transposed weights, launched with programmatic dependent launch
-(issue #6, session 13).
+"""Triton split-K GEMMs for decode / verify steps, launched with programmatic dependent launch (issue #6, sessions
+13-14).
 
 At a decode step of a large target (hidden >= 2048, weights stored [K, N], :mod:`specserve.layers.linear`) every
 projection reads megabytes of weights for a few rows of activations, and between the GEMMs sit small kernels
@@ -19,10 +19,18 @@ things here attack that gap:
   the engine uses it from :data:`GATE_UP_MIN_ROWS` rows). One row runs on the CUDA cores (a [BLOCK_K, BLOCK_N]
   weight tile against a broadcast row); 2-16 rows on the tensor cores (``tl.dot`` with the rows padded to 16).
 
+Weights: a large target's transposed [K, N] ``weight_t`` (TransposedLinear), or a small target's nn.Linear weight
+passed as the view ``weight.t()`` (K contiguous; :func:`layout_of`, own default tiles). Small targets run their
+2-16-row steps here (speculative verify, the DFlash drafter's block, batched decode); their one-row decode stays on
+the six-kernel GEMV layer (:mod:`specserve.layers.triton_gemv`). A DFlash drafter's layers take the target's splits
+and kernels where their shapes fit the tiles (``spec/drafter_utils.py`` ``drafter_split_gemm``).
+
 Measured on the H200 (session 13, Qwen3-8B shape, benchmarks/README.md): per GEMM at one row within -1..-5% of
 cuBLAS's 4-way batched GEMMs (gate_up + SiLU-mul 7% slower: not used there; at 16 rows 5% faster); a plain decode
 step 4.622 -> 4.590 ms at batch 1 and 5.042 -> 4.935 at batch 8 with PDL, where cuBLAS with PDL on the small kernels
-alone gained nothing.
+alone gained nothing. Session 14, SmolLM2-135M shape (random weights, cuBLAS -> these kernels on nn.Linear's
+weights): DFlash K=15 step 1.287 -> 1.094-1.122 ms at batch 1, plain decode 0.985 / 1.001 / 1.200 -> 0.803 / 0.826 /
+1.035 ms at batch 2 / 4 / 8, EAGLE-3 K=7 2.351 -> 2.192; real weights, chat: DFlash K=15 1155 -> 1420 tok/s.
 
 Numerics: fp32 accumulation; the gate/up outputs are rounded to the model dtype before the SiLU and the product
 rounds as the eager ``silu_mul`` does, so results equal the cuBLAS path's up to the accumulation order. The kernel
@@ -44,6 +52,7 @@ __all__ = [
     "GemmTile",
     "fits",
     "gate_up_silu",
+    "layout_of",
     "splitk_partials",
     "tile_for",
 ]
@@ -74,30 +83,57 @@ _DEFAULT_TILES = {
     ("down", 16): GemmTile(128, 64, 3, 4),
     ("gate_up", 16): GemmTile(64, 64, 4, 4),
 }
+# Small targets keep nn.Linear's [N, K] weights (layers/linear.py ``weight_layout``; the kernel reads them through
+# ``weight.t()``); their projections are a few MB (SmolLM2-135M: K 576 / 1536, N 576-1536), so the tiles are small
+# and the grids short. 2-16 rows: the best of an in-engine sweep of the SmolLM2-135M DFlash K=15 step (session 14,
+# benchmarks/results/h200-2026-12-03-s14/c1: 64:64:3:4 with 3 / 3 / 4 splits, gate_up 32 columns wide). One row
+# takes the six-kernel GEMV layer there (layers/triton_gemv.py): the ``1`` entries only run with it off.
+_DEFAULT_TILES_NK = {
+    ("qkv", 1): GemmTile(64, 64, 2, 4),
+    ("o", 1): GemmTile(64, 64, 2, 4),
+    ("down", 1): GemmTile(64, 64, 2, 4),
+    ("gate_up", 1): GemmTile(64, 64, 2, 4),
+    ("qkv", 16): GemmTile(64, 64, 3, 4),
+    ("o", 16): GemmTile(64, 64, 3, 4),
+    ("down", 16): GemmTile(64, 64, 3, 4),
+    ("gate_up", 16): GemmTile(32, 64, 3, 4),
+}
+_NAMES = ("qkv", "o", "gate_up", "down")
 
 
-def tile_for(name: str, rows: int) -> GemmTile:
-    """The tile of projection ``name`` (qkv, o, gate_up, down) at ``rows`` rows; ``SPECSERVE_TRITON_GEMM_TILES``
-    overrides entries: ``name@R=BN:BK:stages:warps,...`` with R = 1 or 16 (the row class)."""
+def tile_for(name: str, rows: int, layout: str = "kn") -> GemmTile:
+    """The tile of projection ``name`` (qkv, o, gate_up, down) at ``rows`` rows for weights stored ``layout``
+    (``kn``: [K, N], ``nk``: nn.Linear's [N, K]); ``SPECSERVE_TRITON_GEMM_TILES`` overrides entries:
+    ``name@R=BN:BK:stages:warps,...`` with R = 1 or 16 (the row class), ``name@Rnk=...`` for the nk layout."""
+    if layout not in ("kn", "nk"):
+        raise ValueError(f"layout must be 'kn' or 'nk', got {layout!r}")
     cls = 1 if rows <= 1 else 16
     raw = os.environ.get("SPECSERVE_TRITON_GEMM_TILES", "").strip()
     if raw:
         for part in raw.split(","):
             key, _, val = part.strip().partition("=")
             nm, _, r = key.partition("@")
+            lay = "nk" if r.endswith("nk") else "kn"
+            r = r.removesuffix("nk")
             vals = val.split(":")
             if (
-                nm not in ("qkv", "o", "gate_up", "down")
+                nm not in _NAMES
                 or r not in ("1", "16")
                 or len(vals) != 4
                 or not all(v.isdigit() for v in vals)
             ):
                 raise ValueError(
-                    f"SPECSERVE_TRITON_GEMM_TILES: expected name@R=BN:BK:stages:warps, got {part!r}"
+                    f"SPECSERVE_TRITON_GEMM_TILES: expected name@R[nk]=BN:BK:stages:warps, got {part!r}"
                 )
-            if nm == name and int(r) == cls:
+            if nm == name and int(r) == cls and lay == layout:
                 return GemmTile(*(int(v) for v in vals))
-    return _DEFAULT_TILES[(name, cls)]
+    return (_DEFAULT_TILES if layout == "kn" else _DEFAULT_TILES_NK)[(name, cls)]
+
+
+def layout_of(weight_t: torch.Tensor) -> str:
+    """``kn`` for a [K, N] weight stored row-major (TransposedLinear), ``nk`` for nn.Linear's weight viewed as
+    ``weight.t()``."""
+    return "kn" if weight_t.stride(-1) == 1 else "nk"
 
 
 @triton.jit
@@ -108,6 +144,7 @@ def _splitk_gemm_kernel(
     M,
     stride_xm,
     stride_wk,
+    stride_wn,
     stride_os,
     stride_om,
     N: tl.constexpr,
@@ -139,7 +176,7 @@ def _splitk_gemm_kernel(
     for k0 in tl.range(k_begin, k_begin + K_SPLIT, BLOCK_K, num_stages=NUM_STAGES):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         x = tl.load(x_rows + offs_k[None, :], mask=mask_m[:, None], other=0.0)
-        w_ptrs = w_ptr + offs_k[:, None].to(tl.int64) * stride_wk + offs_n[None, :]
+        w_ptrs = w_ptr + offs_k[:, None].to(tl.int64) * stride_wk + offs_n[None, :].to(tl.int64) * stride_wn
         w = tl.load(w_ptrs)
         if USE_DOT:
             if UPCAST:  # the interpreter has no bf16 arithmetic; bf16 products are exact in fp32
@@ -149,7 +186,7 @@ def _splitk_gemm_kernel(
         else:
             acc += tl.sum(x.to(tl.float32)[:, :, None] * w.to(tl.float32)[None, :, :], axis=1)
         if GATE_UP:
-            wu = tl.load(w_ptrs + N)
+            wu = tl.load(w_ptrs + N * stride_wn)
             if USE_DOT:
                 if UPCAST:
                     acc_u = tl.dot(x.to(tl.float32), wu.to(tl.float32), acc_u, input_precision="ieee")
@@ -194,6 +231,7 @@ def _launch(
         m,
         x.stride(0),
         weight_t.stride(0),
+        weight_t.stride(1),
         out.stride(0) if not gate_up else 0,
         out.stride(-2),
         N=n,
@@ -213,9 +251,10 @@ def _launch(
     )
 
 
-def fits(name: str, k: int, n: int, splits: int) -> bool:
-    """Whether a [K, N] projection split ``splits`` ways fits the tiles of ``name`` at every row count."""
-    return all(_tile_fits(k, n, splits, tile_for(name, rows)) for rows in (1, MAX_ROWS))
+def fits(name: str, k: int, n: int, splits: int, layout: str = "kn") -> bool:
+    """Whether a [K, N] projection stored ``layout`` split ``splits`` ways fits the tiles of ``name`` at every row
+    count."""
+    return all(_tile_fits(k, n, splits, tile_for(name, rows, layout)) for rows in (1, MAX_ROWS))
 
 
 def _tile_fits(k: int, n: int, splits: int, tile: GemmTile) -> bool:
@@ -227,8 +266,11 @@ def _check(x: torch.Tensor, weight_t: torch.Tensor) -> None:
         raise ValueError(
             f"Triton GEMM: x [M, K] and weight_t [K, N] expected; got {tuple(x.shape)}, {tuple(weight_t.shape)}"
         )
-    if x.stride(1) != 1 or weight_t.stride(1) != 1:
-        raise ValueError("Triton GEMM: x and weight_t must be contiguous in their last dimension")
+    if x.stride(1) != 1 or 1 not in weight_t.stride():
+        raise ValueError(
+            "Triton GEMM: x must be contiguous in its last dimension and weight_t [K, N] in one of its two "
+            "(a TransposedLinear's weight_t, or an nn.Linear's weight.t())"
+        )
     if x.dtype != weight_t.dtype:
         raise ValueError(f"Triton GEMM: x and weight_t must share a dtype; got {x.dtype}, {weight_t.dtype}")
     if not 1 <= x.shape[0] <= MAX_ROWS:
@@ -237,11 +279,12 @@ def _check(x: torch.Tensor, weight_t: torch.Tensor) -> None:
 
 def splitk_partials(x: torch.Tensor, weight_t: torch.Tensor, splits: int, name: str) -> torch.Tensor:
     """``x`` [M, K] @ ``weight_t`` [K, N] as ``splits`` fp32 partials [S, M, N] over equal K slices (their sum,
-    rounded to x's dtype, is the product up to the accumulation order); ``name`` picks the tile (:func:`tile_for`)."""
+    rounded to x's dtype, is the product up to the accumulation order); ``name`` picks the tile (:func:`tile_for`,
+    by the weight's layout: a TransposedLinear's ``weight_t`` or an nn.Linear's ``weight.t()``)."""
     _check(x, weight_t)
     n = weight_t.shape[1]
     out = torch.empty((splits, x.shape[0], n), dtype=torch.float32, device=x.device)
-    _launch(x, weight_t, out, n, splits, tile_for(name, x.shape[0]), gate_up=False)
+    _launch(x, weight_t, out, n, splits, tile_for(name, x.shape[0], layout_of(weight_t)), gate_up=False)
     return out
 
 
@@ -252,5 +295,6 @@ def gate_up_silu(x: torch.Tensor, weight_t: torch.Tensor, intermediate: int) -> 
     if weight_t.shape[1] != 2 * intermediate:
         raise ValueError(f"gate_up weight must be [K, {2 * intermediate}]; got {tuple(weight_t.shape)}")
     out = torch.empty((x.shape[0], intermediate), dtype=x.dtype, device=x.device)
-    _launch(x, weight_t, out, intermediate, 1, tile_for("gate_up", x.shape[0]), gate_up=True)
+    tile = tile_for("gate_up", x.shape[0], layout_of(weight_t))
+    _launch(x, weight_t, out, intermediate, 1, tile, gate_up=True)
     return out

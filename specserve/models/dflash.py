@@ -79,6 +79,10 @@ class DFlashDraftModel(nn.Module):
         self.register_buffer("ctx_kv_bias", torch.empty(0), persistent=False)
         self.register_buffer("ctx_k_norm", torch.empty(0), persistent=False)
         self.ctx_kv_transposed = False  # ctx_kv_weight stored [H, L*2*n_kv*hd] (transpose_weights)
+        # the target's split-K / Triton decode GEMMs for the drafter's layers (set by the proposer: models/llama.py
+        # run_layers_fused); the block of a batch-1 step is K+1 <= 16 rows
+        self.split_gemm: dict[str, int] = {}
+        self.triton_gemm = False
 
     @torch.no_grad()
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
@@ -195,7 +199,17 @@ class DFlashDraftModel(nn.Module):
         backend: AttentionBackend,
     ) -> torch.Tensor:
         if backend.fused:
-            return run_layers_fused(self.layers, embeds, positions, meta, caches, backend, self.norm)[0]
+            return run_layers_fused(
+                self.layers,
+                embeds,
+                positions,
+                meta,
+                caches,
+                backend,
+                self.norm,
+                split_gemm=self.split_gemm,
+                triton_gemm=self.triton_gemm,
+            )[0]
         h = embeds
         for layer, cache in zip(self.layers, caches):
             h = layer(h, positions, meta, cache, backend)

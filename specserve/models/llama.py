@@ -283,7 +283,7 @@ def _layer_fused_split(
 
     def partials(lin: nn.Module, inp: torch.Tensor, name: str) -> torch.Tensor:
         if triton_gemm:  # one Triton kernel, launched with PDL (layers/triton_splitk.py)
-            return splitk_partials(inp, cast(TransposedLinear, lin).weight_t, splits[name], name)
+            return splitk_partials(inp, _kn_weight(lin), splits[name], name)
         return cast(TransposedLinear, lin).partials(inp, splits[name])
 
     normed, entering = add_rms_norm(x, residual, layer.input_layernorm)
@@ -298,7 +298,7 @@ def _layer_fused_split(
     o = partials(attn.o_proj, a, "o") if "o" in splits and attn.o_proj.bias is None else attn.o_proj(a)
     h, after_attn = add_rms_norm(o, entering, pn)  # sums o's partials when o_proj was split
     if triton_gemm and h.shape[0] >= GATE_UP_MIN_ROWS:  # (the MLP's projections have no biases)
-        s = gate_up_silu(h, cast(TransposedLinear, mlp.gate_up_proj).weight_t, mlp.intermediate)
+        s = gate_up_silu(h, _kn_weight(mlp.gate_up_proj), mlp.intermediate)
     else:
         s = silu_mul(mlp.gate_up_proj(h), mlp.intermediate)
     if "down" in splits and mlp.down_proj.bias is None:
@@ -308,9 +308,17 @@ def _layer_fused_split(
     return down, entering, after_attn
 
 
+def _kn_weight(lin: nn.Module) -> torch.Tensor:
+    """A projection's weight as [K, N] for the Triton GEMMs: a TransposedLinear's ``weight_t``, an nn.Linear's
+    ``weight.t()`` (a view)."""
+    if isinstance(lin, TransposedLinear):
+        return lin.weight_t
+    return cast(nn.Linear, lin).weight.t()
+
+
 def triton_gemm_fits(layers: nn.ModuleList, splits: dict[str, int]) -> bool:
     """Whether every split projection (and gate_up) of the first layer fits the Triton kernels' tiles (all layers
-    share their shapes)."""
+    share their shapes): TransposedLinear projections, or nn.Linear's without bias."""
     from specserve.layers.triton_splitk import fits
 
     if not len(layers):
@@ -322,11 +330,16 @@ def triton_gemm_fits(layers: nn.ModuleList, splits: dict[str, int]) -> bool:
         "gate_up": layer.mlp.gate_up_proj,
         "down": layer.mlp.down_proj,
     }
+    kinds = {type(lin) for lin in lins.values()}
+    if kinds == {TransposedLinear}:
+        layout = "kn"
+    elif kinds == {nn.Linear}:
+        layout = "nk"
+    else:
+        return False
     for name, lin in lins.items():
-        if not isinstance(lin, TransposedLinear):
-            return False
         n = lin.out_features // 2 if name == "gate_up" else lin.out_features
-        if not fits(name, lin.in_features, n, splits.get(name, 1)):
+        if not fits(name, lin.in_features, n, splits.get(name, 1), layout):
             return False
     return True
 

@@ -164,9 +164,9 @@ class ModelRunner:
         self.weight_layout = weight_layout(device, int(model_config.hidden_size))
         if self.weight_layout == "kn":
             transpose_decoder_linears(self.model.layers)
-            triton_gemm = triton_gemm_enabled(device)
-            self.model.split_gemm = split_gemm_config(device, self.weight_layout, triton_gemm)
-            self.model.triton_gemm = bool(self.model.split_gemm) and triton_gemm
+        triton_gemm = triton_gemm_enabled(device)
+        self.model.split_gemm = split_gemm_config(device, self.weight_layout, triton_gemm)
+        self.model.triton_gemm = bool(self.model.split_gemm) and triton_gemm
         self.model.rope.to(device)
         self.backend = make_backend(config.attention_backend, device)
         self.model.backend = self.backend
@@ -176,6 +176,8 @@ class ModelRunner:
             self.model.triton_gemm = self.backend.fused and triton_gemm_fits(
                 self.model.layers, self.model.split_gemm
             )
+            if not self.model.triton_gemm:  # cuBLAS's splits (none on nn.Linear's layout)
+                self.model.split_gemm = split_gemm_config(device, self.weight_layout, False)
         self.proposer: Proposer | None = None
         if spec is not None:
             from specserve.spec import build_proposer

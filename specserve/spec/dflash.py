@@ -8,7 +8,13 @@ import torch
 
 from specserve.config import SpeculativeConfig
 from specserve.models.dflash import DFlashDraftModel
-from specserve.spec.drafter_utils import PagedBatch, build_model, drafter_graph_mode, load_drafter_checkpoint
+from specserve.spec.drafter_utils import (
+    PagedBatch,
+    build_model,
+    drafter_graph_mode,
+    drafter_split_gemm,
+    load_drafter_checkpoint,
+)
 from specserve.spec.proposer import DraftInput, Proposer
 
 if TYPE_CHECKING:
@@ -71,6 +77,7 @@ class DFlashProposer(Proposer):
             self.model.load_weights(sd.items())
         if runner.weight_layout == "kn":
             self.model.transpose_weights()
+        self.model.split_gemm, self.model.triton_gemm = drafter_split_gemm(runner, self.model.layers)
         self.model.eval().requires_grad_(False)
         self.runner = runner
         self.caches: list[tuple[torch.Tensor, torch.Tensor]] = []

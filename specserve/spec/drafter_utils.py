@@ -51,6 +51,19 @@ def build_model(runner: ModelRunner, factory: Any) -> Any:
     return model
 
 
+def drafter_split_gemm(runner: ModelRunner, layers: Any) -> tuple[dict[str, int], bool]:
+    """(split_gemm, triton_gemm) for a drafter's decoder layers: the target's split-K decode GEMMs (Triton where the
+    drafter's shapes fit the tiles, else cuBLAS's splits on transposed weights, else none); see
+    ``models/llama.py`` ``run_layers_fused``."""
+    from specserve.layers.linear import split_gemm_config
+    from specserve.models.llama import triton_gemm_fits
+
+    target = runner.model
+    if target.triton_gemm and triton_gemm_fits(layers, target.split_gemm):
+        return dict(target.split_gemm), True
+    return split_gemm_config(runner.device, runner.weight_layout, False), False
+
+
 class PagedBatch:
     """Host-side builder for one drafter forward over a varlen batch (positions, slots, block tables)."""
 
