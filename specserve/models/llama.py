@@ -318,7 +318,7 @@ def _kn_weight(lin: nn.Module) -> torch.Tensor:
 
 def triton_gemm_fits(layers: nn.ModuleList, splits: dict[str, int]) -> bool:
     """Whether every split projection (and gate_up) of the first layer fits the Triton kernels' tiles (all layers
-    share their shapes): TransposedLinear projections, or nn.Linear's without bias."""
+    share their shapes): all TransposedLinear ([K, N] tiles) or all nn.Linear (the nk tiles)."""
     from specserve.layers.triton_splitk import fits
 
     if not len(layers):
