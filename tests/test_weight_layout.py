@@ -500,3 +500,33 @@ def test_triton_gemm_falls_back_where_the_tiles_do_not_fit(tiny_qwen3_dir, monke
     assert LLM(tiny_qwen3_dir, **kw).engine.runner.model.triton_gemm is False
     monkeypatch.setenv("SPECSERVE_TRITON_GEMM_TILES", TINY_TILES)
     assert LLM(tiny_qwen3_dir, **kw).engine.runner.model.triton_gemm is True
+
+
+def test_triton_gemm_falls_back_on_nn_linear_weights_and_for_the_drafter(
+    tiny_qwen3_dir, tmp_path, monkeypatch
+):
+    """nn.Linear's layout: where the tiles do not fit, no split at all (cuBLAS has no split path there); a DFlash
+    drafter whose down_proj (96 inputs, 4 splits) does not fit keeps its layers off the Triton GEMMs while the
+    target (128 inputs) takes them."""
+    from drafters import make_dflash
+
+    from specserve import LLM
+
+    monkeypatch.setenv("SPECSERVE_WEIGHT_LAYOUT", "nk")
+    monkeypatch.setenv("SPECSERVE_SPLIT_GEMM", "qkv=2,o=1,down=4")
+    monkeypatch.setenv("SPECSERVE_TRITON_GEMM", "1")
+    kw = dict(dtype="float32", device="cpu", num_gpu_blocks=8, attention_backend="triton")
+    monkeypatch.delenv(
+        "SPECSERVE_TRITON_GEMM_TILES", raising=False
+    )  # the nk defaults: 64 columns, K slices of 64
+    model = LLM(tiny_qwen3_dir, **kw).engine.runner.model
+    assert model.triton_gemm is False and model.split_gemm == {}
+    monkeypatch.setenv("SPECSERVE_TRITON_GEMM_TILES", TINY_TILES)
+    mc = model.config
+    dflash = make_dflash(
+        tmp_path / "d", mc.hidden_size, mc.num_hidden_layers, mc.vocab_size, layer_ids=[0, 1]
+    )
+    spec = {"method": "dflash", "model": dflash, "num_speculative_tokens": 4}
+    runner = LLM(tiny_qwen3_dir, speculative_config=spec, **kw).engine.runner
+    assert runner.model.triton_gemm is True and runner.model.split_gemm == {"qkv": 2, "o": 1, "down": 4}
+    assert runner.proposer.model.triton_gemm is False and runner.proposer.model.split_gemm == {}
