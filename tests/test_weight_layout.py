@@ -370,9 +370,12 @@ def test_engine_tokens_unchanged_with_triton_gemm_on_nn_linear_weights(tiny_qwen
 # 1 row: the CUDA-core tile; 5, 16: the tensor-core tile (rows padded to 16)
 @pytest.mark.parametrize("rows", [1, 5, 16])
 @pytest.mark.parametrize("layout", ["kn", "nk"])  # nk: an nn.Linear weight [N, K] passed as weight.t()
-def test_triton_splitk_kernels_match_torch(dtype, rows, layout, monkeypatch):
+# pre: each program's first 16 / all 16 K rows of the slice (gate_up: 16 of 64) read before the PDL wait
+@pytest.mark.parametrize("pre", [0, 16])
+def test_triton_splitk_kernels_match_torch(dtype, rows, layout, pre, monkeypatch):
     """triton_splitk (interpreted): the fp32 partials sum to x @ W (fp32 math on the same inputs), partial s is
-    the product of the s-th K slice, and gate_up_silu equals silu_mul of the rounded product."""
+    the product of the s-th K slice, and gate_up_silu equals silu_mul of the rounded product; with and without
+    the weight rows read before the wait (``GemmTile.pre``)."""
     import specserve.layers.triton_splitk as ts
     from specserve.layers.triton_fused import silu_mul
 
@@ -380,7 +383,8 @@ def test_triton_splitk_kernels_match_torch(dtype, rows, layout, monkeypatch):
         w = torch.randn(k, n) / 8
         return (w if layout == "kn" else w.t().contiguous().t()).to(dtype)
 
-    monkeypatch.setenv("SPECSERVE_TRITON_GEMM_TILES", TINY_TILES)
+    monkeypatch.setenv("SPECSERVE_TRITON_GEMM_TILES", TINY_TILES.replace(":2:4", f":2:4:{pre}"))
+    assert ts.tile_for("o", rows, layout).pre == pre and ts.tile_for("gate_up", rows, layout).pre == pre
     torch.manual_seed(rows)
     k, n, s = 64, 48, 4
     x, w = torch.randn(rows, k).to(dtype), weight(k, n)
@@ -415,9 +419,24 @@ def test_triton_splitk_rejects_bad_shapes_and_settings(monkeypatch):
     with pytest.raises(ValueError, match="contiguous in"):
         ts.splitk_partials(x, torch.randn(64, 96)[:, ::2], 4, "o")  # no unit stride
     assert ts.fits("o", 64, 48, 4) and not ts.fits("o", 64, 40, 4) and not ts.fits("o", 64, 48, 8)
-    monkeypatch.setenv("SPECSERVE_TRITON_GEMM_TILES", "o@2=16:16:2:4")
-    with pytest.raises(ValueError, match="SPECSERVE_TRITON_GEMM_TILES"):
-        ts.tile_for("o", 1)
+    for bad in ("o@2=16:16:2:4", "o@1=16:16:2:4:24", "o@1=16:16:2:4:16:1"):  # row class; pre no power of 2
+        monkeypatch.setenv("SPECSERVE_TRITON_GEMM_TILES", bad)
+        with pytest.raises(ValueError, match="SPECSERVE_TRITON_GEMM_TILES"):
+            ts.tile_for("o", 1)
+    monkeypatch.setenv("SPECSERVE_TRITON_GEMM_TILES", "o@1=16:16:2:4:32,o@16=16:16:2:4")
+    assert ts.tile_for("o", 1) == ts.GemmTile(16, 16, 2, 4, 32) and ts.tile_for("o", 2).pre == 0
+    # a 16-row slice cannot hold 32 rows read before the wait
+    with pytest.raises(ValueError, match="of at least 32 rows"):
+        ts.splitk_partials(torch.randn(1, 64), w, 4, "o")
+    assert ts.splitk_partials(torch.randn(1, 64), w, 2, "o").shape == (2, 1, 48)
+    assert not ts.fits("o", 64, 48, 4) and ts.fits("o", 64, 48, 2)
+    monkeypatch.setenv("SPECSERVE_TRITON_GATE_UP_MIN_ROWS", "1")
+    assert ts.gate_up_min_rows() == 1
+    monkeypatch.setenv("SPECSERVE_TRITON_GATE_UP_MIN_ROWS", "0")
+    with pytest.raises(ValueError, match="SPECSERVE_TRITON_GATE_UP_MIN_ROWS"):
+        ts.gate_up_min_rows()
+    monkeypatch.delenv("SPECSERVE_TRITON_GATE_UP_MIN_ROWS")
+    assert ts.gate_up_min_rows() == ts.GATE_UP_MIN_ROWS == 2
     monkeypatch.delenv("SPECSERVE_TRITON_GEMM_TILES")
     assert ts.tile_for("qkv", 1) == ts.GemmTile(256, 32, 4, 4)
     assert ts.tile_for("qkv", 7) == ts.tile_for("qkv", 16)
@@ -447,6 +466,18 @@ def test_pdl_setting(monkeypatch):
     monkeypatch.setenv("SPECSERVE_PDL", "2")
     with pytest.raises(ValueError, match="SPECSERVE_PDL must be 0 or 1"):
         pdl_enabled(cuda)
+    # SPECSERVE_PDL_EARLY: the tagged kernels release their successor before their own wait (PDL constexpr 2)
+    monkeypatch.setenv("SPECSERVE_PDL", "1")
+    monkeypatch.setenv("SPECSERVE_PDL_EARLY", "norm, merge")
+    assert pdl_launch(cuda, "norm")[0] == 2 and pdl_launch(cuda, "merge")[0] == 2
+    assert pdl_launch(cuda, "silu")[0] == 1 and pdl_launch(cuda)[0] == 1
+    assert pdl_launch(torch.device("cpu"), "norm") == (0, {})
+    monkeypatch.setenv("SPECSERVE_PDL", "0")
+    assert pdl_launch(cuda, "norm") == (0, {})
+    monkeypatch.setenv("SPECSERVE_PDL", "1")
+    monkeypatch.setenv("SPECSERVE_PDL_EARLY", "norm,gemm")
+    with pytest.raises(ValueError, match="unknown kernel tag"):
+        pdl_launch(cuda, "norm")
 
 
 _HOPPER_SPLITK_SCRIPT = r"""
@@ -466,7 +497,7 @@ for lay, name, cls, n, k, s in [
     t = ts.tile_for(name, cls, lay)
     gate_up = name == "gate_up"
     const = dict(N=n, K_SPLIT=k // s, BLOCK_M=1 if cls == 1 else 16, BLOCK_N=t.block_n, BLOCK_K=t.block_k,
-                 NUM_STAGES=t.stages, USE_DOT=cls > 1, PRECISION="tf32", UPCAST=False, GATE_UP=gate_up, MODE=_BF16,
+                 PRE_K=t.pre, NUM_STAGES=t.stages, USE_DOT=cls > 1, PRECISION="tf32", UPCAST=False, GATE_UP=gate_up, MODE=_BF16,
                  PDL=True, **({"stride_wn": 1} if lay == "kn" else {"stride_wk": 1}))
     p = dict(ptrs, out_ptr="bf16") if gate_up else ptrs
     kernel, reg, stack = compile_sm90(ts._splitk_gemm_kernel, p, const, t.warps, t.stages)
@@ -475,6 +506,18 @@ for lay, name, cls, n, k, s in [
     ptx = kernel.asm["ptx"]
     assert "griddepcontrol.wait" in ptx and "griddepcontrol.launch_dependents" in ptx
     assert ("mma" in ptx) == (cls > 1), (name, cls)  # 2-16 rows on the tensor cores, one row on the CUDA cores
+# weight rows read before the wait (GemmTile.pre): the loads precede griddepcontrol.wait in the PTX; PDL == 2 (a
+# small kernel tagged in SPECSERVE_PDL_EARLY) releases the successor before its own wait
+for cls, pre in ((1, 128), (16, 64)):
+    const = dict(N=4096, K_SPLIT=512, BLOCK_M=1 if cls == 1 else 16, BLOCK_N=128, BLOCK_K=32 if cls == 1 else 64,
+                 PRE_K=pre, NUM_STAGES=3, USE_DOT=cls > 1, PRECISION="tf32", UPCAST=False, GATE_UP=False,
+                 MODE=_BF16, PDL=2, stride_wn=1)
+    kernel, reg, stack = compile_sm90(ts._splitk_gemm_kernel, ptrs, const, 4, 3)
+    print("pre", cls, pre, f"REG:{reg} STACK:{stack}")
+    assert stack == 0
+    ptx = kernel.asm["ptx"]
+    wait, launch = ptx.index("griddepcontrol.wait"), ptx.index("griddepcontrol.launch_dependents")
+    assert launch < wait and "ld.global" in ptx[:wait], cls
 print("OK")
 """
 

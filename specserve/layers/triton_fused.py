@@ -75,18 +75,42 @@ def pdl_enabled(device: torch.device) -> bool:
     return torch.cuda.get_device_capability(device)[0] >= 9
 
 
-def pdl_launch(device: torch.device) -> tuple[bool, dict[str, bool]]:
-    """(the kernel's ``PDL`` constexpr, the launch keywords) under :func:`pdl_enabled`."""
+PDL_EARLY_TAGS = ("norm", "rope", "attn", "merge", "silu")
+
+
+def _pdl_early() -> frozenset[str]:
+    raw = os.environ.get("SPECSERVE_PDL_EARLY", "").strip()
+    tags = frozenset(t.strip() for t in raw.split(",") if t.strip())
+    bad = sorted(tags - set(PDL_EARLY_TAGS))
+    if bad:
+        raise ValueError(
+            f"SPECSERVE_PDL_EARLY: unknown kernel tag(s) {bad}; known: {', '.join(PDL_EARLY_TAGS)}"
+        )
+    return tags
+
+
+def pdl_launch(device: torch.device, tag: str | None = None) -> tuple[int, dict[str, bool]]:
+    """(the kernel's ``PDL`` constexpr, the launch keywords) under :func:`pdl_enabled`. ``tag`` names a small
+    kernel that may release its successor before its own wait (``SPECSERVE_PDL_EARLY=norm,attn,...``, read per
+    call): its ``PDL`` is 2 then, so a split-K GEMM after it launches early and reads its first weight rows
+    (``GemmTile.pre``) while this kernel still waits / runs."""
     on = pdl_enabled(device)
-    return on, ({"launch_pdl": True} if on else {})
+    mode = int(on)
+    if on and tag is not None and tag in _pdl_early():
+        mode = 2
+    return mode, ({"launch_pdl": True} if on else {})
 
 
 @triton.jit
 def _pdl_wait(PDL: tl.constexpr):
     """Under programmatic dependent launch: wait until the previous kernel's writes are visible, then let the next
-    kernel launch (its CTAs wait in turn). Nothing before this may read or write activations. (Letting the next
-    kernel launch before the wait measured slower at batch 8: session 13.)"""
-    if PDL:
+    kernel launch (its CTAs wait in turn). Nothing before this may read or write activations. PDL == 2 lets the
+    next kernel launch first (letting every small kernel do so measured slower at batch 8: session 13; the tags of
+    :func:`pdl_launch` pick the ones that do)."""
+    if PDL == 2:
+        gdc_launch_dependents()
+        gdc_wait()
+    elif PDL:
         gdc_wait()
         gdc_launch_dependents()
 
@@ -187,7 +211,7 @@ def _launch_rms_norm(
         stride_src, stride_split, nsplit = src.stride(1), src.stride(0), src.shape[0]
     if rows > 0:
         block = triton.next_power_of_2(n)
-        pdl, pdl_kw = pdl_launch(x.device)
+        pdl, pdl_kw = pdl_launch(x.device, "norm")
         _rms_norm_kernel[(rows,)](
             src,
             r2,
@@ -475,7 +499,7 @@ def rope_store(
     q_chunks = triton.cdiv(num_heads, block_hq)
     grid = (t, q_chunks + triton.cdiv(num_kv_heads, block_hk))
     qk_norm = q_norm_weight is not None
-    pdl, pdl_kw = pdl_launch(qkv.device)
+    pdl, pdl_kw = pdl_launch(qkv.device, "rope")
     _rope_store_kernel[grid](
         src,
         positions,
@@ -552,7 +576,7 @@ def silu_mul(gate_up: torch.Tensor, intermediate: int) -> torch.Tensor:
     if t == 0:
         return out
     block = min(1024, triton.next_power_of_2(intermediate))
-    pdl, pdl_kw = pdl_launch(gate_up.device)
+    pdl, pdl_kw = pdl_launch(gate_up.device, "silu")
     _silu_mul_kernel[(t, triton.cdiv(intermediate, block))](
         gate_up,
         out,

@@ -12,7 +12,13 @@ things here attack that gap:
   launch (``griddepcontrol.launch_dependents``), so the next kernel's CTAs are resident when the current one ends.
   Kernels captured in a CUDA graph keep these programmatic edges. (Streaming the first weight rows into L2 before
   the wait, and letting the small kernels release their successor before their own wait, measured slower: session
-  13, benchmarks/README.md.)
+  13, benchmarks/README.md.) Two settings for sweeps, off by default: ``GemmTile.pre`` (the tile's fifth field)
+  reads each program's first ``pre`` weight rows into registers before the wait, and ``SPECSERVE_PDL_EARLY``
+  (:func:`~specserve.layers.triton_fused.pdl_launch`) lets the tagged small kernels release the GEMM after them
+  early, so that read overlaps them. Session 15 (Qwen3-8B shape, H200): ``pre`` 64-128 at one row -0.03 ms of a
+  4.53 ms step (within 1%), larger ``pre`` and the early releases slower (up to +0.4 ms) except the attention
+  merge's at batch 1 (-0.02 ms, +0.25 ms at batch 8): the register file holds ~2 us of the weight stream, not the
+  ~18 us of small kernels a layer has.
 * **One kernel per projection, no reduce kernel**: :func:`splitk_partials` writes S fp32 partial products over K
   slices, like :meth:`TransposedLinear.partials` (the consumer kernel sums them); :func:`gate_up_silu` computes the
   gate and up columns of the same outputs in one program and writes ``silu(gate) * up`` (no ``silu_mul`` kernel;
@@ -51,6 +57,7 @@ from specserve.layers.triton_fused import _mode, _pdl_wait, _round, pdl_launch
 __all__ = [
     "GemmTile",
     "fits",
+    "gate_up_min_rows",
     "gate_up_silu",
     "layout_of",
     "splitk_partials",
@@ -63,12 +70,25 @@ GATE_UP_MIN_ROWS = 2
 MAX_ROWS = 16  # rows the tensor-core tile covers (padded); more rows take the cuBLAS path
 
 
+def gate_up_min_rows() -> int:
+    """Rows from which gate_up + SiLU-mul runs as one Triton kernel: :data:`GATE_UP_MIN_ROWS`, or
+    ``SPECSERVE_TRITON_GATE_UP_MIN_ROWS`` (read per call, i.e. per graph capture; 1 puts one-row decode on it)."""
+    raw = os.environ.get("SPECSERVE_TRITON_GATE_UP_MIN_ROWS", "").strip()
+    if not raw:
+        return GATE_UP_MIN_ROWS
+    if not raw.isdigit() or int(raw) < 1:
+        raise ValueError(f"SPECSERVE_TRITON_GATE_UP_MIN_ROWS must be a positive integer, got {raw!r}")
+    return int(raw)
+
+
 @dataclass(frozen=True)
 class GemmTile:
     block_n: int
     block_k: int
     stages: int
     warps: int
+    # K rows of each program's slice read before the PDL wait (0, or a power of 2 multiple of block_k)
+    pre: int = 0
 
 
 # One row (CUDA cores) / 2-16 rows (tensor cores): the fastest tiles of the Qwen3-8B projections on the H200 at
@@ -104,7 +124,9 @@ _NAMES = ("qkv", "o", "gate_up", "down")
 def tile_for(name: str, rows: int, layout: str = "kn") -> GemmTile:
     """The tile of projection ``name`` (qkv, o, gate_up, down) at ``rows`` rows for weights stored ``layout``
     (``kn``: [K, N], ``nk``: nn.Linear's [N, K]); ``SPECSERVE_TRITON_GEMM_TILES`` overrides entries:
-    ``name@R=BN:BK:stages:warps,...`` with R = 1 or 16 (the row class), ``name@Rnk=...`` for the nk layout."""
+    ``name@R=BN:BK:stages:warps[:pre],...`` with R = 1 or 16 (the row class), ``name@Rnk=...`` for the nk layout;
+    ``pre``: the K rows of its slice each program loads before it waits for its predecessor (a power of 2, a
+    multiple of BK)."""
     if layout not in ("kn", "nk"):
         raise ValueError(f"layout must be 'kn' or 'nk', got {layout!r}")
     cls = 1 if rows <= 1 else 16
@@ -119,11 +141,13 @@ def tile_for(name: str, rows: int, layout: str = "kn") -> GemmTile:
             if (
                 nm not in _NAMES
                 or r not in ("1", "16")
-                or len(vals) != 4
+                or len(vals) not in (4, 5)
                 or not all(v.isdigit() for v in vals)
+                or (len(vals) == 5 and int(vals[4]) & (int(vals[4]) - 1))
             ):
                 raise ValueError(
-                    f"SPECSERVE_TRITON_GEMM_TILES: expected name@R[nk]=BN:BK:stages:warps, got {part!r}"
+                    "SPECSERVE_TRITON_GEMM_TILES: expected name@R[nk]=BN:BK:stages:warps[:pre] (pre a power of 2 "
+                    f"or 0), got {part!r}"
                 )
             if nm == name and int(r) == cls and lay == layout:
                 return GemmTile(*(int(v) for v in vals))
@@ -134,6 +158,16 @@ def layout_of(weight_t: torch.Tensor) -> str:
     """``kn`` for a [K, N] weight stored row-major (TransposedLinear), ``nk`` for nn.Linear's weight viewed as
     ``weight.t()``."""
     return "kn" if weight_t.stride(-1) == 1 else "nk"
+
+
+@triton.jit
+def _mac(acc, x, w, USE_DOT: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """acc += x [BLOCK_M, k] @ w [k, BLOCK_N]: tensor cores (rows padded to 16) or a broadcast row (one row)."""
+    if USE_DOT:
+        if UPCAST:  # the interpreter has no bf16 arithmetic; bf16 products are exact in fp32
+            return tl.dot(x.to(tl.float32), w.to(tl.float32), acc, input_precision="ieee")
+        return tl.dot(x, w, acc, input_precision=PRECISION)
+    return acc + tl.sum(x.to(tl.float32)[:, :, None] * w.to(tl.float32)[None, :, :], axis=1)
 
 
 @triton.jit
@@ -152,6 +186,7 @@ def _splitk_gemm_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    PRE_K: tl.constexpr,
     NUM_STAGES: tl.constexpr,
     USE_DOT: tl.constexpr,
     PRECISION: tl.constexpr,
@@ -169,31 +204,31 @@ def _splitk_gemm_kernel(
     offs_m = tl.arange(0, BLOCK_M)
     mask_m = offs_m < M
     k_begin = pid_s * K_SPLIT
-    _pdl_wait(PDL)
     x_rows = x_ptr + offs_m[:, None].to(tl.int64) * stride_xm
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in tl.range(k_begin, k_begin + K_SPLIT, BLOCK_K, num_stages=NUM_STAGES):
+    if PRE_K > 0:  # the first PRE_K weight rows of the slice into registers while the predecessor still runs
+        offs_p = k_begin + tl.arange(0, PRE_K)
+        wp_ptrs = w_ptr + offs_p[:, None].to(tl.int64) * stride_wk + offs_n[None, :].to(tl.int64) * stride_wn
+        wp = tl.load(wp_ptrs)
+        if GATE_UP:
+            wpu = tl.load(wp_ptrs + N * stride_wn)
+        _pdl_wait(PDL)
+        xp = tl.load(x_rows + offs_p[None, :], mask=mask_m[:, None], other=0.0)
+        acc = _mac(acc, xp, wp, USE_DOT, PRECISION, UPCAST)
+        if GATE_UP:
+            acc_u = _mac(acc_u, xp, wpu, USE_DOT, PRECISION, UPCAST)
+    else:
+        _pdl_wait(PDL)
+    for k0 in tl.range(k_begin + PRE_K, k_begin + K_SPLIT, BLOCK_K, num_stages=NUM_STAGES):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         x = tl.load(x_rows + offs_k[None, :], mask=mask_m[:, None], other=0.0)
         w_ptrs = w_ptr + offs_k[:, None].to(tl.int64) * stride_wk + offs_n[None, :].to(tl.int64) * stride_wn
         w = tl.load(w_ptrs)
-        if USE_DOT:
-            if UPCAST:  # the interpreter has no bf16 arithmetic; bf16 products are exact in fp32
-                acc = tl.dot(x.to(tl.float32), w.to(tl.float32), acc, input_precision="ieee")
-            else:
-                acc = tl.dot(x, w, acc, input_precision=PRECISION)
-        else:
-            acc += tl.sum(x.to(tl.float32)[:, :, None] * w.to(tl.float32)[None, :, :], axis=1)
+        acc = _mac(acc, x, w, USE_DOT, PRECISION, UPCAST)
         if GATE_UP:
             wu = tl.load(w_ptrs + N * stride_wn)
-            if USE_DOT:
-                if UPCAST:
-                    acc_u = tl.dot(x.to(tl.float32), wu.to(tl.float32), acc_u, input_precision="ieee")
-                else:
-                    acc_u = tl.dot(x, wu, acc_u, input_precision=PRECISION)
-            else:
-                acc_u += tl.sum(x.to(tl.float32)[:, :, None] * wu.to(tl.float32)[None, :, :], axis=1)
+            acc_u = _mac(acc_u, x, wu, USE_DOT, PRECISION, UPCAST)
     if GATE_UP:  # the GEMM's outputs in the model dtype, then F.silu(gate) * up as silu_mul rounds it
         g = _round(acc, MODE)
         u = _round(acc_u, MODE)
@@ -218,8 +253,8 @@ def _launch(
     m, k = x.shape
     if not _tile_fits(k, n, splits, tile):
         raise ValueError(
-            f"Triton GEMM: K={k} must split {splits} ways into multiples of {tile.block_k} and N={n} be a multiple "
-            f"of {tile.block_n}"
+            f"Triton GEMM: K={k} must split {splits} ways into multiples of {tile.block_k} (of at least "
+            f"{tile.pre} rows) and N={n} be a multiple of {tile.block_n}"
         )
     k_split = k // splits
     use_dot = m > 1
@@ -239,6 +274,7 @@ def _launch(
         BLOCK_M=16 if use_dot else 1,
         BLOCK_N=tile.block_n,
         BLOCK_K=tile.block_k,
+        PRE_K=tile.pre,
         NUM_STAGES=tile.stages,
         USE_DOT=use_dot,
         PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
@@ -258,7 +294,13 @@ def fits(name: str, k: int, n: int, splits: int, layout: str = "kn") -> bool:
 
 
 def _tile_fits(k: int, n: int, splits: int, tile: GemmTile) -> bool:
-    return k % splits == 0 and (k // splits) % tile.block_k == 0 and n % tile.block_n == 0
+    return (
+        k % splits == 0
+        and (k // splits) % tile.block_k == 0
+        and n % tile.block_n == 0
+        and tile.pre % tile.block_k == 0
+        and tile.pre <= k // splits
+    )
 
 
 def _check(x: torch.Tensor, weight_t: torch.Tensor) -> None:

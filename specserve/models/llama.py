@@ -277,7 +277,7 @@ def _layer_fused_split(
     last layer's). Projections with biases (Qwen2's qkv) are not split. ``triton_gemm``: the split GEMMs run as the
     Triton kernels of :mod:`specserve.layers.triton_splitk` and, from 2 rows, gate_up + SiLU-mul as one."""
     from specserve.layers.triton_fused import silu_mul
-    from specserve.layers.triton_splitk import GATE_UP_MIN_ROWS, gate_up_silu, splitk_partials
+    from specserve.layers.triton_splitk import gate_up_min_rows, gate_up_silu, splitk_partials
 
     attn, mlp, pn = layer.self_attn, layer.mlp, layer.post_attention_layernorm
 
@@ -297,7 +297,7 @@ def _layer_fused_split(
     a = attn.attend(q, meta, cache, backend)
     o = partials(attn.o_proj, a, "o") if "o" in splits and attn.o_proj.bias is None else attn.o_proj(a)
     h, after_attn = add_rms_norm(o, entering, pn)  # sums o's partials when o_proj was split
-    if triton_gemm and h.shape[0] >= GATE_UP_MIN_ROWS:  # (the MLP's projections have no biases)
+    if triton_gemm and h.shape[0] >= gate_up_min_rows():  # (the MLP's projections have no biases)
         s = gate_up_silu(h, _kn_weight(mlp.gate_up_proj), mlp.intermediate)
     else:
         s = silu_mul(mlp.gate_up_proj(h), mlp.intermediate)
