@@ -12,8 +12,9 @@ decoding (random drafter weights too: ms per engine step, whatever it accepts), 
 "num_speculative_tokens": 15}'``.
 
 Per value: a fresh engine (the knob is read at start / capture), ms per engine step over 64 greedy tokens after a
-128-token prompt (best of 3 runs), whether the greedy tokens equal the first value's (random bf16 weights: a GEMM's
-accumulation order may flip a near-tie), and the weight-read floor of step_latency.py measured in the same run.
+128-token prompt (``--tokens``, ``--prompt-len``; ``--max-model-len`` 2048) (best of 3 runs), whether the greedy
+tokens equal the first value's (random bf16 weights: a GEMM's accumulation order may flip a near-tie), and the
+weight-read floor of step_latency.py measured in the same run.
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ def main() -> int:
     ap.add_argument("--values", nargs="+", required=True)
     ap.add_argument("--batches", nargs="+", type=int, default=[1])
     ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--prompt-len", type=int, default=128, help="random prompt tokens per request")
+    ap.add_argument("--max-model-len", type=int, default=2048)
     ap.add_argument(
         "--spec", default=None, help="a speculative config (JSON): its step instead of plain decode"
     )
@@ -52,7 +55,7 @@ def main() -> int:
     g = torch.Generator().manual_seed(0)
     vocab = json.loads((Path(args.config_dir) / "config.json").read_text())["vocab_size"]
     lo, hi = min(1000, vocab // 2), min(100000, vocab)  # random prompt ids inside the vocabulary
-    prompts = [torch.randint(lo, hi, (128,), generator=g).tolist() for _ in range(max(args.batches))]
+    prompts = [torch.randint(lo, hi, (args.prompt_len,), generator=g).tolist() for _ in range(max(args.batches))]
     rows: list[dict] = []
     ref: dict[int, list] = {}
     original = dict(os.environ)
@@ -68,7 +71,7 @@ def main() -> int:
                 os.environ[name] = val
         else:
             os.environ[args.env] = value
-        llm = LLM(args.config_dir, load_format="dummy", dtype="bfloat16", device="cuda", max_model_len=2048,
+        llm = LLM(args.config_dir, load_format="dummy", dtype="bfloat16", device="cuda", max_model_len=args.max_model_len,
                   max_num_seqs=max(args.batches), enable_prefix_caching=False, gpu_memory_utilization=0.5,
                   speculative_config=spec)  # fmt: skip
         steps = count_steps(llm.engine)
@@ -88,7 +91,8 @@ def main() -> int:
                 next((i for i, (x, y) in enumerate(zip(a, r)) if x != y), len(a))
                 for a, r in zip(toks, ref[b])
             ) / sum(len(a) for a in toks)
-            row = {"env": args.env, "value": value, "spec": spec, "batch": b, "step_ms": round(best, 3),
+            row = {"env": args.env, "value": value, "spec": spec, "batch": b, "prompt_len": args.prompt_len,
+                   "step_ms": round(best, 3),
                    "x_floor": round(best / (1e3 * wb / dram), 3), "same_tokens_as_first": same,
                    "common_prefix": round(common, 3)}  # fmt: skip
             rows.append(row)

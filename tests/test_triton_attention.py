@@ -438,6 +438,26 @@ def test_select_attention_config_packs_queries_and_heads(
     assert ta._pick_num_splits(torch.device("cpu"), 8, cfg.block_n, 4096, max_query_len) == 1
 
 
+def test_split_count_heuristic_and_its_cap(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Flash-decoding splits on a (faked) 132-SM GPU: ~2 waves of programs, >= 2 KV tiles per split, a power of
+    two, none for long query blocks; SPECSERVE_ATTN_MAX_SPLITS caps the count (a bad value is a clear error)."""
+    monkeypatch.setattr(ta, "_sm_count", lambda index: 132)
+    monkeypatch.delenv("SPECSERVE_ATTN_MAX_SPLITS", raising=False)
+    cuda = torch.device("cuda", 0)
+    assert ta._pick_num_splits(cuda, 8, 64, 2048 + 16, 1) == 16  # 8 KV heads: 33 -> 2048 / 128 keys -> 16
+    assert ta._pick_num_splits(cuda, 3, 64, 8192, 1) == 64  # 88 wanted, at most 64
+    assert ta._pick_num_splits(cuda, 8, 64, 300, 16) == 2  # a short maximum: 2 tiles per split
+    assert ta._pick_num_splits(cuda, 132, 64, 8192, 1) == 1  # the grid fills the GPU already
+    assert ta._pick_num_splits(cuda, 8, 64, 8192, 65) == 1  # prefill-sized query blocks
+    monkeypatch.setenv("SPECSERVE_ATTN_MAX_SPLITS", "4")
+    assert ta._pick_num_splits(cuda, 8, 64, 8192, 1) == 4 and ta.max_splits() == 4
+    monkeypatch.setenv("SPECSERVE_ATTN_MAX_SPLITS", "3")
+    assert ta._pick_num_splits(cuda, 8, 64, 8192, 1) == 2  # rounded down to a power of two
+    monkeypatch.setenv("SPECSERVE_ATTN_MAX_SPLITS", "0")
+    with pytest.raises(ValueError, match="SPECSERVE_ATTN_MAX_SPLITS"):
+        ta._pick_num_splits(cuda, 8, 64, 8192, 1)
+
+
 _HOPPER_COMPILE_SCRIPT = r"""
 import specserve.layers.triton_attention as ta
 from sm90 import compile_sm90

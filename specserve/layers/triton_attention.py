@@ -457,8 +457,22 @@ def _pick_num_splits(
     target = triton.cdiv(2 * sms, num_programs)
     if max_seq_len is not None:
         target = min(target, max(1, max_seq_len // (2 * block_n)))
-    target = min(target, 64)
+    target = min(target, 64, max_splits())
     return 1 << (target.bit_length() - 1)  # round down to a power of two (fewer compiled variants)
+
+
+def max_splits() -> int:
+    """Upper bound on the split-KV count (``SPECSERVE_ATTN_MAX_SPLITS``, read per call, i.e. per graph capture;
+    default 64). Session 15 (H200, benchmarks/results/h200-2026-12-03-s15/c6): at 128-192-token contexts a cap of
+    1, 2 or 4 changes a batch-1 decode or DFlash step by -3.2% to +5.9% and slows the SmolLM2 shape's batch 8 by
+    5-16% (the merge kernel is no bottleneck in graph replay); at 1.5k tokens no split costs +83% (SmolLM2 shape)
+    / +21% (Qwen3-8B shape) per decode step."""
+    raw = os.environ.get("SPECSERVE_ATTN_MAX_SPLITS", "").strip()
+    if not raw:
+        return 64
+    if not raw.isdigit() or int(raw) < 1:
+        raise ValueError(f"SPECSERVE_ATTN_MAX_SPLITS must be a positive integer, got {raw!r}")
+    return int(raw)
 
 
 MERGE_ENV = "SPECSERVE_ATTN_MERGE"
@@ -591,7 +605,7 @@ def paged_attention(
         p_strides = (0, 0, 0, 0, 0)
 
     grid = (b, hk, q_tiles * num_splits)
-    pdl, pdl_kw = pdl_launch(q.device)
+    pdl, pdl_kw = pdl_launch(q.device, "attn" if num_splits == 1 or fused else None)
     _paged_attn_kernel[grid](
         q,
         k_cache,
@@ -647,7 +661,7 @@ def paged_attention(
             BLOCK_D=block_d,
             NUM_SPLITS=num_splits,
             SPLITS_PAD=splits_pad,
-            PDL=pdl,
+            PDL=pdl_launch(q.device, "merge")[0],
             num_warps=4 if splits_pad * block_d >= 2048 else 2,
             **pdl_kw,
         )
