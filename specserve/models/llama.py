@@ -227,7 +227,13 @@ def run_layers_fused(
     taps: dict[int, torch.Tensor] = {}
     run_layer = _layer_gemv if _gemv_path(layers, h) else _layer_fused
     if split_gemm and run_layer is _layer_fused and h.shape[0] <= SPLIT_MAX_ROWS:
-        run_layer = functools.partial(_layer_fused_split, splits=split_gemm, triton_gemm=triton_gemm)
+        from specserve.layers.triton_splitk import gate_up_min_rows
+
+        # gate_up + SiLU-mul as one Triton kernel: the setting is read once per forward, not per layer
+        fused_gate_up = triton_gemm and h.shape[0] >= gate_up_min_rows()
+        run_layer = functools.partial(
+            _layer_fused_split, splits=split_gemm, triton_gemm=triton_gemm, fused_gate_up=fused_gate_up
+        )
     x, residual = h, None
     for i, mod in enumerate(layers):
         x, entering, residual = run_layer(
@@ -270,14 +276,16 @@ def _layer_fused_split(
     backend: AttentionBackend,
     splits: dict[str, int],
     triton_gemm: bool = False,
+    fused_gate_up: bool = False,
 ) -> LayerOut:
     """``_layer_fused`` with qkv / o_proj / down_proj as S-way split-K batched GEMMs whose fp32 partials the kernel
     after them sums (``rope_store``, the add + RMSNorm: no reduce kernel; S x the CTAs at a decode step's few rows).
     ``x`` may be the previous layer's down partials [S, T, H]; the layer returns its own (the final norm sums the
     last layer's). Projections with biases (Qwen2's qkv) are not split. ``triton_gemm``: the split GEMMs run as the
-    Triton kernels of :mod:`specserve.layers.triton_splitk` and, from 2 rows, gate_up + SiLU-mul as one."""
+    Triton kernels of :mod:`specserve.layers.triton_splitk`; ``fused_gate_up`` (the caller's check of
+    ``gate_up_min_rows``): gate_up + SiLU-mul as one of them."""
     from specserve.layers.triton_fused import silu_mul
-    from specserve.layers.triton_splitk import gate_up_min_rows, gate_up_silu, splitk_partials
+    from specserve.layers.triton_splitk import gate_up_silu, splitk_partials
 
     attn, mlp, pn = layer.self_attn, layer.mlp, layer.post_attention_layernorm
 
@@ -297,7 +305,7 @@ def _layer_fused_split(
     a = attn.attend(q, meta, cache, backend)
     o = partials(attn.o_proj, a, "o") if "o" in splits and attn.o_proj.bias is None else attn.o_proj(a)
     h, after_attn = add_rms_norm(o, entering, pn)  # sums o's partials when o_proj was split
-    if triton_gemm and h.shape[0] >= gate_up_min_rows():  # (the MLP's projections have no biases)
+    if fused_gate_up:  # (the MLP's projections have no biases)
         s = gate_up_silu(h, _kn_weight(mlp.gate_up_proj), mlp.intermediate)
     else:
         s = silu_mul(mlp.gate_up_proj(h), mlp.intermediate)
