@@ -693,3 +693,48 @@ def test_cli_arg_parsing(caplog: pytest.LogCaptureFixture, monkeypatch: pytest.M
     assert parse_serve_args(["m", "--api-key", "sk-abc"]).api_key == "sk-abc"
     monkeypatch.setenv("VLLM_API_KEY", "sk-env")
     assert parse_serve_args(["m"]).api_key == "sk-env"
+
+
+def test_async_engine_builds_and_steps_on_one_thread(
+    tiny_llama_dir: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The engine is constructed on its own thread, the one that runs its steps: torch's CPU work stays on one
+    OpenMP pool (two pools on a 2-core machine made every CPU GEMM sleep between parallel regions). A
+    construction error is raised on the caller's thread."""
+    import asyncio
+    import threading
+
+    from specserve.config import EngineConfig
+    from specserve.engine import async_engine
+    from specserve.sampling_params import SamplingParams
+
+    seen: dict[str, set[int]] = {"init": set(), "step": set()}
+
+    class Recording(async_engine.LLMEngine):
+        def __init__(self, config: EngineConfig) -> None:
+            seen["init"].add(threading.get_ident())
+            super().__init__(config)
+
+        def step(self) -> Any:
+            seen["step"].add(threading.get_ident())
+            return super().step()
+
+    monkeypatch.setattr(async_engine, "LLMEngine", Recording)
+    cfg = dict(max_model_len=MAX_MODEL_LEN, max_num_seqs=2, num_gpu_blocks=32, device="cpu", dtype="float32")
+    eng = async_engine.AsyncLLM(EngineConfig(model=tiny_llama_dir, **cfg))
+    try:
+
+        async def one() -> Any:
+            last = None
+            async for out in eng.generate("hello", SamplingParams(max_tokens=4, temperature=0), "r1"):
+                last = out
+            return last
+
+        out = asyncio.run(one())
+        assert out is not None and out.finished and len(out.outputs[0].token_ids) == 4
+        assert seen["init"] == seen["step"] == {eng._thread.ident}
+        assert threading.get_ident() not in seen["init"]
+    finally:
+        eng.shutdown()
+    with pytest.raises(ValueError, match="not found"):
+        async_engine.AsyncLLM(EngineConfig(model="/nonexistent/model-dir", **cfg))
