@@ -335,3 +335,23 @@ def test_demo_download_paths(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) ->
     override.write_bytes(b"x")
     monkeypatch.setenv(demo_mod.DEMO_ENV, str(override))
     assert demo_target_path() == str(override)
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_auto_dtype_on_cpu(native: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--dtype auto`` on CPU: bf16 (vLLM's CPU default) where the CPU multiplies bf16 natively, unless the
+    checkpoint declares float32; float32 on CPUs without bf16 instructions. GPUs keep the checkpoint's dtype."""
+    from specserve.runner import model_runner
+    from specserve.runner.model_runner import resolve_dtype
+
+    monkeypatch.setattr(model_runner, "cpu_has_native_bf16", lambda: native)
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    want = torch.bfloat16 if native else torch.float32
+    for hf in (torch.bfloat16, "bfloat16", torch.float16, None):
+        assert resolve_dtype("auto", hf, cpu) == want, hf
+    assert resolve_dtype("auto", torch.float32, cpu) == torch.float32
+    assert resolve_dtype("auto", "float32", cpu) == torch.float32
+    assert resolve_dtype("float32", torch.bfloat16, cpu) == torch.float32
+    assert resolve_dtype("bfloat16", torch.float32, cpu) == torch.bfloat16
+    assert resolve_dtype("auto", torch.float16, cuda) == torch.float16
+    assert resolve_dtype("auto", None, cuda) == torch.bfloat16
