@@ -138,7 +138,10 @@ class LLMEngine:
             )
         self.max_model_len = max_len
         device = resolve_device(config.device)
-        dtype = resolve_dtype(config.dtype, getattr(ckpt.hf_config, "torch_dtype", None), device)
+        # the checkpoint's declared dtype: `dtype` (transformers 5; reading `torch_dtype` there logs a deprecation
+        # warning at every start), an older config's `torch_dtype` field otherwise
+        hf_dtype = getattr(ckpt.hf_config, "dtype", None) or vars(ckpt.hf_config).get("torch_dtype")
+        dtype = resolve_dtype(config.dtype, hf_dtype, device)
         if device.type == "cpu" and dtype == torch.float16:
             logger.warning("float16 on CPU is slow; consider bfloat16 or float32")
         weights = None if dummy else ckpt.iter_weights(dtype)
