@@ -355,3 +355,24 @@ def test_auto_dtype_on_cpu(native: bool, monkeypatch: pytest.MonkeyPatch) -> Non
     assert resolve_dtype("bfloat16", torch.float32, cpu) == torch.bfloat16
     assert resolve_dtype("auto", torch.float16, cuda) == torch.float16
     assert resolve_dtype("auto", None, cuda) == torch.bfloat16
+
+
+def test_engine_reads_the_checkpoint_dtype(
+    tiny_qwen3_dir: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The engine passes the config's declared dtype to ``--dtype auto``: on a CPU with bf16 instructions a float32
+    checkpoint runs in float32, the same checkpoint declared bfloat16 in bf16."""
+    import shutil
+
+    from specserve import LLM
+    from specserve.runner import model_runner
+
+    monkeypatch.setattr(model_runner, "cpu_has_native_bf16", lambda: True)
+    assert LLM(tiny_qwen3_dir, device="cpu", max_num_seqs=1).engine.runner.dtype == torch.float32
+    bf = tmp_path / "bf16"
+    shutil.copytree(tiny_qwen3_dir, bf)
+    cfg = json.loads((bf / "config.json").read_text())
+    cfg["dtype"] = "bfloat16"
+    cfg.pop("torch_dtype", None)
+    (bf / "config.json").write_text(json.dumps(cfg))
+    assert LLM(str(bf), device="cpu", max_num_seqs=1).engine.runner.dtype == torch.bfloat16

@@ -61,10 +61,18 @@ def baseline(tiny_qwen3_dir):
     return [o.outputs[0].token_ids for o in llm.generate(PROMPTS, sp)]
 
 
-def _spec_run(model: str, spec: dict, prompts=PROMPTS, **kw):
-    llm = LLM(model, dtype="float32", device="cpu", max_num_seqs=4, speculative_config=spec, **kw)
+def _spec_llm(model: str, spec: dict, **kw) -> LLM:
+    return LLM(model, dtype="float32", device="cpu", max_num_seqs=4, speculative_config=spec, **kw)
+
+
+def _generate(llm: LLM, prompts=PROMPTS) -> list[list[int]]:
     sp = SamplingParams(temperature=0, max_tokens=N, ignore_eos=True)
-    return llm, [o.outputs[0].token_ids for o in llm.generate(prompts, sp)]
+    return [o.outputs[0].token_ids for o in llm.generate(prompts, sp)]
+
+
+def _spec_run(model: str, spec: dict, prompts=PROMPTS, **kw):
+    llm = _spec_llm(model, spec, **kw)
+    return llm, _generate(llm, prompts)
 
 
 CASES = [
@@ -358,14 +366,7 @@ def test_lm_head_sees_2d_rows(padded, tiny_qwen3_dir, baseline, dflash_dir, eagl
         {"method": "dflash", "model": dflash_dir, "num_speculative_tokens": 4},
         {"method": "eagle3", "model": eagle_dir, "num_speculative_tokens": 3},
     ):
-        llm = LLM(
-            tiny_qwen3_dir,
-            dtype="float32",
-            device="cpu",
-            max_num_seqs=4,
-            speculative_config=spec,
-            padded_decode=padded,
-        )
+        llm = _spec_llm(tiny_qwen3_dir, spec, padded_decode=padded)
         dims: list[int] = []
         heads = [llm.engine.runner.model.lm_head]
         drafter_head = getattr(getattr(llm.engine.runner.proposer, "model", None), "lm_head", None)
@@ -377,9 +378,7 @@ def test_lm_head_sees_2d_rows(padded, tiny_qwen3_dir, baseline, dflash_dir, eagl
 
         for head in heads:
             head.register_forward_pre_hook(record)
-        sp = SamplingParams(temperature=0, max_tokens=N, ignore_eos=True)
-        outs = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, sp)]
-        assert outs == baseline
+        assert _generate(llm) == baseline
         assert llm.get_metrics()["spec_decode_num_drafts"] > 0
         assert dims and set(dims) == {2}, (spec["method"], sorted(set(dims)))
 
