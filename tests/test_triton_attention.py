@@ -458,6 +458,160 @@ def test_split_count_heuristic_and_its_cap(monkeypatch: pytest.MonkeyPatch) -> N
         ta._pick_num_splits(cuda, 8, 64, 8192, 1)
 
 
+# ------------------------------------------------------------------------ rope_store + attention in one kernel
+
+FUSED_ROPE_CASES = {
+    # name: (seq_lens, q_lens, make_batch kwargs, kwargs of the attention call)
+    "decode_b3_gqa4_qknorm": ([5, 37, 64], [1, 1, 1], {"group": 4, "n_kv": 2}, {}),
+    "decode_split4": ([5, 37, 64], [1, 1, 1], {"group": 3}, {"num_splits": 4}),
+    "verify_16_split3": ([40, 90], [16, 16], {"group": 3}, {"num_splits": 3}),
+    "verify_noncausal_dflash_block": ([20, 45], [16, 16], {"group": 3}, {"causal": False, "num_splits": 2}),
+    "mixed_padded_slot_minus1": ([30, 17, 9, 12, 0], [5, 1, 5, 0, 2], {"group": 3}, {"max_query_len": 8}),
+    "mostly_empty_split32": ([100, 128, 30, 64, 0], [1, 3, 0, 1, 2], {"group": 3}, {"num_splits": 32}),
+    "sliding_window_split2": ([40, 20], [6, 1], {"group": 3}, {"sliding_window": 8, "num_splits": 2}),
+    "bf16_decode_hd128": ([5, 37, 64], [1, 1, 1], {"dtype": torch.bfloat16, "head_dim": 128, "group": 4}, {}),
+    "bf16_verify_split2": ([30, 17, 9], [5, 5, 5], {"dtype": torch.bfloat16, "group": 3}, {"num_splits": 2}),
+}
+
+
+def _fused_rope_inputs(batch: Batch, name: str, partials: bool, qk_norm: bool):
+    from specserve.layers.rotary import RotaryEmbedding
+
+    g = torch.Generator().manual_seed(sum(map(ord, name)) + 7)
+    t, h, d = batch.q.shape
+    hk = batch.k_cache.shape[2]
+    bs = batch.k_cache.shape[1]
+    dtype = batch.q.dtype
+    rope = RotaryEmbedding(d, 256, 10000.0, None)
+    x = torch.randn(3, t, (h + 2 * hk) * d, generator=g)  # 3 split-K partials
+    qkv = (x[0] + x[1] + x[2]).to(dtype)
+    pos, slots = [], []
+    for ql, sl, b in zip(batch.q_lens, batch.seq_lens_list, range(len(batch.q_lens))):
+        for j in range(ql):
+            p = sl - ql + j
+            pos.append(max(p, 0))
+            slots.append(int(batch.block_tables[b, p // bs]) * bs + p % bs if p >= 0 else -1)
+    slot_t = torch.tensor(slots, dtype=torch.int64)
+    if len(slots) > 2:
+        slot_t[len(slots) // 2] = -1  # a padding row: writes nothing (keeps the cache's value there)
+    qw = (torch.rand(d, generator=g) + 0.5).to(dtype) if qk_norm else None
+    kw = (torch.rand(d, generator=g) + 0.5).to(dtype) if qk_norm else None
+    template = torch.empty(1, dtype=dtype).expand(t, qkv.shape[1])
+    return ta.RopeStoreInputs(
+        template if partials else qkv, x if partials else None, torch.tensor(pos), rope.cos, rope.sin, qw, kw,
+        1e-6, slot_t,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("partials", [False, True])
+@pytest.mark.parametrize("name", list(FUSED_ROPE_CASES))
+def test_rope_store_attention_equals_rope_store_then_attention(
+    name: str, partials: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The one-kernel rope_store + attention == ``rope_store`` then ``paged_attention``: the whole caches bit for bit
+    (the new K/V rows written, slot -1 rows not) and the output, with q/k norm (Qwen3) or without, from the qkv rows
+    or from split-K partials, with 1-32 KV splits (each writing the new rows of its own range)."""
+    from specserve.layers.triton_fused import rope_store
+
+    monkeypatch.setenv(ta.FUSED_ROPE_ENV, "1")  # the one kernel for every case (not the auto rule's choice)
+    seq_lens, q_lens, batch_kw, attn_kw = FUSED_ROPE_CASES[name]
+    batch = make_batch(seq_lens, q_lens, seed=sum(map(ord, name)), **batch_kw)
+    t, h, d = batch.q.shape
+    kw = dict(attn_kw)
+    kw.setdefault("max_query_len", max(q_lens))
+    inp = _fused_rope_inputs(batch, name, partials, qk_norm=(len(name) + partials) % 2 == 0)
+    meta = (batch.query_start_loc, batch.seq_lens, batch.block_tables)
+    kc_ref, vc_ref = batch.k_cache.clone(), batch.v_cache.clone()
+    q = rope_store(
+        inp.qkv, inp.positions, inp.cos, inp.sin, inp.q_norm_weight, inp.k_norm_weight, inp.eps, kc_ref, vc_ref,
+        inp.slot_mapping, h, batch.k_cache.shape[2], d, inp.partials,
+    )  # fmt: skip
+    ref = ta.paged_attention(q, kc_ref, vc_ref, *meta, **kw)
+    kc, vc = batch.k_cache.clone(), batch.v_cache.clone()
+    out = ta.rope_store_paged_attention(inp, h, kc, vc, *meta, **kw)
+    assert out.shape == (t, h, d) and out.dtype == batch.q.dtype
+    assert not torch.equal(kc_ref, batch.k_cache)  # the new rows were written
+    torch.testing.assert_close(kc, kc_ref, rtol=0, atol=0, equal_nan=True)
+    torch.testing.assert_close(vc, vc_ref, rtol=0, atol=0, equal_nan=True)
+    # q's RMS sum adds its two rotate-half halves' sums (rope_store: one sum over the row): rstd may differ in
+    # its last bit, so the output is compared at the dtype's tolerance (a wrong head / position / row is O(1))
+    start = 0
+    for ql in q_lens:  # rows of requests with queries (the others are unspecified in both)
+        assert_close(out[start : start + ql], ref[start : start + ql], batch.q.dtype)
+        start += ql
+
+
+def test_rope_store_attention_falls_back_beyond_one_query_tile(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A prefill chunk longer than one query tile (and SPECSERVE_FUSED_ROPE_ATTN=0) take rope_store + the
+    attention kernel: same results as the one-kernel path's contract."""
+    from specserve.layers.triton_fused import rope_store
+
+    batch = make_batch([90, 9], [60, 1], group=3, seed=5)
+    t, h, d = batch.q.shape
+    inp = _fused_rope_inputs(batch, "prefill", partials=False, qk_norm=True)
+    meta = (batch.query_start_loc, batch.seq_lens, batch.block_tables)
+    calls: list[int] = []
+    real = ta._paged_attn_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                calls.append(int(kwargs.get("ROPE", False)))
+                return real[grid](*args, **kwargs)
+
+            return launch
+
+    monkeypatch.setattr(ta, "_paged_attn_kernel", Spy())
+    kc_ref, vc_ref = batch.k_cache.clone(), batch.v_cache.clone()
+    q = rope_store(inp.qkv, inp.positions, inp.cos, inp.sin, inp.q_norm_weight, inp.k_norm_weight, inp.eps,
+                   kc_ref, vc_ref, inp.slot_mapping, h, batch.k_cache.shape[2], d)  # fmt: skip
+    ref = ta.paged_attention(q, kc_ref, vc_ref, *meta, max_query_len=60)
+    kc, vc = batch.k_cache.clone(), batch.v_cache.clone()
+    out = ta.rope_store_paged_attention(inp, h, kc, vc, *meta, max_query_len=60)
+    assert calls == [
+        0,
+        0,
+    ]  # the reference and the fallback: no one-kernel launch for a 60-query prefill (42 a tile)
+    assert torch.equal(out, ref)
+    torch.testing.assert_close(kc, kc_ref, rtol=0, atol=0, equal_nan=True)  # unused slots are NaN
+    monkeypatch.setenv(ta.FUSED_ROPE_ENV, "0")
+    out1 = ta.rope_store_paged_attention(
+        inp, h, batch.k_cache.clone(), batch.v_cache.clone(), *meta, max_query_len=60
+    )
+    assert calls == [0, 0, 0] and torch.equal(out1, ref)
+    monkeypatch.delenv(ta.FUSED_ROPE_ENV)
+    dec = make_batch([9, 30], [1, 1], group=3, seed=6)
+    dinp = _fused_rope_inputs(dec, "decode", partials=True, qk_norm=False)
+    ta.rope_store_paged_attention(dinp, h, dec.k_cache, dec.v_cache, dec.query_start_loc, dec.seq_lens,
+                                  dec.block_tables, max_query_len=1)  # fmt: skip
+    assert calls[-1] == 1
+    with pytest.raises(ValueError, match="num_heads must be"):
+        ta.rope_store_paged_attention(dinp, h + 1, dec.k_cache, dec.v_cache, dec.query_start_loc, dec.seq_lens,
+                                      dec.block_tables, max_query_len=1)  # fmt: skip
+    with pytest.raises(ValueError, match="positions and slot_mapping"):
+        bad = dinp._replace(positions=dinp.positions[:1])
+        ta.rope_store_paged_attention(bad, h, dec.k_cache, dec.v_cache, dec.query_start_loc, dec.seq_lens,
+                                      dec.block_tables, max_query_len=1)  # fmt: skip
+
+
+def test_fused_rope_modes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """SPECSERVE_FUSED_ROPE_ATTN: auto (default) = one-query steps and light q prologues (the Qwen3-8B shape's
+    16-row verify over 8 split-K partials is not: measured slower on the H200), 1 / decode / 0, bad values rejected."""
+    monkeypatch.delenv(ta.FUSED_ROPE_ENV, raising=False)
+    assert ta.fused_rope_wanted(1, 4, 128, 8)  # Qwen3-8B decode
+    assert not ta.fused_rope_wanted(16, 4, 128, 8)  # its verify
+    assert ta.fused_rope_wanted(16, 3, 64, 3)  # SmolLM2's verify / DFlash block
+    monkeypatch.setenv(ta.FUSED_ROPE_ENV, "1")
+    assert ta.fused_rope_wanted(16, 4, 128, 8)
+    monkeypatch.setenv(ta.FUSED_ROPE_ENV, "decode")
+    assert ta.fused_rope_wanted(1, 4, 128, 8) and not ta.fused_rope_wanted(2, 1, 16, 1)
+    monkeypatch.setenv(ta.FUSED_ROPE_ENV, "0")
+    assert not ta.fused_rope_wanted(1, 1, 16, 1)
+    monkeypatch.setenv(ta.FUSED_ROPE_ENV, "yes")
+    with pytest.raises(ValueError, match="SPECSERVE_FUSED_ROPE_ATTN must be one of"):
+        ta.fused_rope_wanted(1, 1, 16, 1)
+
+
 _HOPPER_COMPILE_SCRIPT = r"""
 import specserve.layers.triton_attention as ta
 from sm90 import compile_sm90
@@ -465,23 +619,32 @@ from sm90 import compile_sm90
 
 def build(fn, ptrs, const, num_warps, num_stages=3, plain=("stride_bt", "num_kv_heads")):
     # Mimic the JIT's specialisation: pointers and strides divisible by 16 (true for real caches).
-    k, reg, stack = compile_sm90(fn, ptrs, const, num_warps, num_stages, floats=("qk_scale",), not_divisible=plain)
+    k, reg, stack = compile_sm90(fn, ptrs, const, num_warps, num_stages, floats=("qk_scale", "eps"),
+                                 not_divisible=plain)
     print(fn.__name__, const.get("BLOCK_M"), const.get("NUM_SPLITS"), const.get("FUSED_MERGE"), f"REG:{reg} STACK:{stack}")
     assert stack == 0, f"register spills: {fn.__name__} {const}"
     return k
 
 
 attn_ptrs = dict(q_ptr="bf16", k_cache_ptr="bf16", v_cache_ptr="bf16", out_ptr="bf16", part_out_ptr="fp32",
-                 part_lse_ptr="fp32", counter_ptr="i32", qsl_ptr="i32", seq_lens_ptr="i32", bt_ptr="i32")
-# (num_heads, num_kv_heads, head_dim, max_query_len, num_splits, fused split merge)
-for h, hk, d, qlen, splits, fused in [(32, 8, 128, 1, 16, True), (32, 8, 128, 1, 16, False),
-                                      (32, 8, 128, 5, 1, False), (9, 3, 64, 16, 4, True), (9, 3, 64, 16, 4, False),
-                                      (8, 1, 256, 3, 8, True), (32, 8, 128, 2048, 1, False)]:
+                 part_lse_ptr="fp32", counter_ptr="i32", qsl_ptr="i32", seq_lens_ptr="i32", bt_ptr="i32",
+                 qkv_ptr="bf16", pos_ptr="i64", cos_ptr="fp32", sin_ptr="fp32", qw_ptr="bf16", kw_ptr="bf16",
+                 slot_ptr="i64")
+# (num_heads, num_kv_heads, head_dim, max_query_len, num_splits, fused split merge, rope_store in the kernel:
+# 0 no, else the qkv GEMM's split-K partials summed (1: its bf16 output))
+for h, hk, d, qlen, splits, fused, rope in [
+        (32, 8, 128, 1, 16, True, 0), (32, 8, 128, 1, 16, False, 0), (32, 8, 128, 5, 1, False, 0),
+        (9, 3, 64, 16, 4, True, 0), (9, 3, 64, 16, 4, False, 0), (8, 1, 256, 3, 8, True, 0),
+        (32, 8, 128, 2048, 1, False, 0), (32, 8, 128, 1, 16, False, 8), (32, 8, 128, 16, 4, False, 8),
+        (9, 3, 64, 1, 4, False, 1), (9, 3, 64, 16, 4, False, 3)]:
     cfg = ta.select_attention_config(h, hk, d, qlen)
     const = dict(HEAD_DIM=d, BLOCK_D=d, GROUP=h // hk, QT=cfg.queries_per_tile, BLOCK_M=cfg.block_m,
                  BLOCK_N=cfg.block_n, BLOCK_SIZE=16, CAUSAL=True, WINDOW=0, NUM_SPLITS=splits, FUSED_MERGE=fused,
-                 PRECISION="tf32", UPCAST=False, PDL=True)
-    ptx = build(ta._paged_attn_kernel, attn_ptrs, const, cfg.num_warps, cfg.num_stages).asm["ptx"]
+                 PRECISION="tf32", UPCAST=False, PDL=True, ROPE=rope > 0, NUM_HEADS=h, NUM_KV_HEADS=hk,
+                 R_PAD=max(2, 1 << (cfg.queries_per_tile - 1).bit_length()), QK_NORM=rope > 0 and h == 32, MODE=1,
+                 NSPLIT=max(rope, 1))
+    ptrs = dict(attn_ptrs, qkv_ptr="fp32" if rope > 1 else "bf16")
+    ptx = build(ta._paged_attn_kernel, ptrs, const, cfg.num_warps, cfg.num_stages).asm["ptx"]
     # fused split merge: one gpu-scope acq_rel arrival (after a CTA barrier), partials re-read through L2
     merge_ops = ("atom.global.gpu.acq_rel.add", "ld.global.cg")
     assert all((op in ptx) == (fused and splits > 1) for op in merge_ops), (h, d, splits, fused)

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from specserve.layers.triton_attention import RopeStoreInputs
 
 
 @dataclass
@@ -60,6 +64,31 @@ class AttentionBackend:
     ) -> torch.Tensor:
         raise NotImplementedError
 
+    def rope_store_attend(
+        self,
+        rope: RopeStoreInputs,
+        num_heads: int,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttnMetadata,
+        *,
+        causal: bool,
+        sliding_window: int | None,
+        scale: float,
+    ) -> torch.Tensor:
+        """Fused path: ``rope_store`` (q/k norm, RoPE, K/V store from the qkv GEMM's output or split-K partials)
+        then ``attend``; returns [T, num_heads, head_dim]. The Triton backend does both in one kernel."""
+        from specserve.layers.triton_fused import rope_store
+
+        hk, d = k_cache.shape[2], k_cache.shape[3]
+        q = rope_store(
+            rope.qkv, rope.positions, rope.cos, rope.sin, rope.q_norm_weight, rope.k_norm_weight, rope.eps,
+            k_cache, v_cache, rope.slot_mapping, num_heads, hk, d, rope.partials,
+        )  # fmt: skip
+        return self.attend(
+            q, k_cache, v_cache, meta, causal=causal, sliding_window=sliding_window, scale=scale
+        )
+
 
 class TorchAttentionBackend(AttentionBackend):
     """Reference backend: works on CPU and GPU for any mix of prefill chunks, decode and verify blocks."""
@@ -109,6 +138,27 @@ class TritonAttentionBackend(AttentionBackend):
 
         return paged_attention(
             q,
+            k_cache,
+            v_cache,
+            meta.query_start_loc,
+            meta.seq_lens,
+            meta.block_tables,
+            causal=causal,
+            sliding_window=sliding_window,
+            scale=scale,
+            max_query_len=meta.max_query_len,
+            max_seq_len=meta.max_seq_len,
+        )
+
+    def rope_store_attend(self, rope, num_heads, k_cache, v_cache, meta, *, causal, sliding_window, scale):  # type: ignore[no-untyped-def]
+        """One kernel where each request's queries fit one query tile (decode, verify, a DFlash block):
+        :func:`~specserve.layers.triton_attention.rope_store_paged_attention` (``SPECSERVE_FUSED_ROPE_ATTN=0``:
+        ``rope_store`` + ``paged_attention`` always)."""
+        from specserve.layers.triton_attention import rope_store_paged_attention
+
+        return rope_store_paged_attention(
+            rope,
+            num_heads,
             k_cache,
             v_cache,
             meta.query_start_loc,

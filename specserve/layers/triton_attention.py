@@ -34,6 +34,12 @@ Design (DESIGN.md §4: batch 1-8 decode and spec verify are bound by bytes read 
   than the launch it saves (Qwen3-8B batch-1 decode: 9.2 us per layer vs 5.6 + 2.6; a DFlash K=15 step 7.19
   vs 6.60 ms), so it is opt-in.
 
+* ``rope_store_paged_attention``: ``rope_store`` (q / k RMSNorm, RoPE, K/V store from the qkv GEMM's output or its
+  split-K partials) folded into the attention kernel where each request's queries fit one query tile. Each program
+  computes its own q rows and writes the new K/V rows inside its own KV range before reading them (a CTA barrier
+  orders the two): no program reads another's stores. One launch less per layer; default at one-query steps and
+  where a program's q prologue is small (``SPECSERVE_FUSED_ROPE_ATTN``, :func:`fused_rope_wanted`).
+
 Both kernels also run under ``TRITON_INTERPRET=1`` on CPU tensors (that is how the tests exercise them).
 """
 
@@ -42,14 +48,22 @@ from __future__ import annotations
 import functools
 import math
 import os
+from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 
-from specserve.layers.triton_fused import _pdl_wait, pdl_launch
+from specserve.layers.triton_fused import _load_qkv, _mode, _norm_rope, _pdl_wait, _round, pdl_launch
 
-__all__ = ["AttentionConfig", "paged_attention", "select_attention_config", "store_kv"]
+__all__ = [
+    "AttentionConfig",
+    "RopeStoreInputs",
+    "paged_attention",
+    "rope_store_paged_attention",
+    "select_attention_config",
+    "store_kv",
+]
 
 
 # --------------------------------------------------------------------------------------------- store_kv
@@ -168,6 +182,48 @@ def _mm(a, b, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
 
 
 @triton.jit
+def _rope_q_halves(
+    base,
+    row_valid,
+    pos_ptrs,
+    cos_ptr,
+    sin_ptr,
+    w_ptr,
+    stride_cos,
+    stride_sin,
+    eps,
+    stride_split,
+    HEAD_DIM: tl.constexpr,
+    QK_NORM: tl.constexpr,
+    MODE: tl.constexpr,
+    NSPLIT: tl.constexpr,
+):
+    """rope_store's ``_norm_rope`` for q rows (``base`` [M, 1] row pointers) as the two rotate-half halves, joined
+    into [M, HEAD_DIM]: the same roundings; the RMS sum adds the halves' sums (an order that may differ from one
+    sum over the row in the last bit of rstd)."""
+    HALF: tl.constexpr = HEAD_DIM // 2
+    offs_h = tl.arange(0, HALF)
+    mask = row_valid[:, None]
+    x1 = _load_qkv(base + offs_h[None, :], mask, stride_split, NSPLIT, MODE)
+    x2 = _load_qkv(base + HALF + offs_h[None, :], mask, stride_split, NSPLIT, MODE)
+    if QK_NORM:
+        rstd = tl.math.rsqrt((tl.sum(x1 * x1, 1) + tl.sum(x2 * x2, 1)) / HEAD_DIM + eps)[:, None]
+        w1 = tl.load(w_ptr + offs_h).to(tl.float32)[None, :]
+        w2 = tl.load(w_ptr + HALF + offs_h).to(tl.float32)[None, :]
+        x1 = _round(w1 * _round(x1 * rstd, MODE), MODE)
+        x2 = _round(w2 * _round(x2 * rstd, MODE), MODE)
+    p = tl.load(pos_ptrs, mask=row_valid, other=0).to(tl.int64)[:, None]
+    c1 = _round(tl.load(cos_ptr + p * stride_cos + offs_h[None, :], mask=mask, other=0.0), MODE)
+    s1 = _round(tl.load(sin_ptr + p * stride_sin + offs_h[None, :], mask=mask, other=0.0), MODE)
+    q1 = _round(_round(x1 * c1, MODE) + _round(-x2 * s1, MODE), MODE)
+    c2 = _round(tl.load(cos_ptr + p * stride_cos + HALF + offs_h[None, :], mask=mask, other=0.0), MODE)
+    s2 = _round(tl.load(sin_ptr + p * stride_sin + HALF + offs_h[None, :], mask=mask, other=0.0), MODE)
+    q2 = _round(_round(x2 * c2, MODE) + _round(x1 * s2, MODE), MODE)
+    q = tl.permute(tl.join(q1, q2), (0, 2, 1))  # [M, 2, HALF]
+    return tl.reshape(q, (q.shape[0], HEAD_DIM))
+
+
+@triton.jit
 def _paged_attn_kernel(
     q_ptr,
     k_cache_ptr,
@@ -196,6 +252,18 @@ def _paged_attn_kernel(
     stride_ph,
     stride_ls,
     stride_lt,
+    qkv_ptr,
+    pos_ptr,
+    cos_ptr,
+    sin_ptr,
+    qw_ptr,
+    kw_ptr,
+    slot_ptr,
+    stride_qkv,
+    stride_split,
+    stride_cos,
+    stride_sin,
+    eps,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     GROUP: tl.constexpr,
@@ -210,6 +278,13 @@ def _paged_attn_kernel(
     PRECISION: tl.constexpr,
     UPCAST: tl.constexpr,
     PDL: tl.constexpr,
+    ROPE: tl.constexpr = False,
+    NUM_HEADS: tl.constexpr = 1,
+    NUM_KV_HEADS: tl.constexpr = 1,
+    R_PAD: tl.constexpr = 1,
+    QK_NORM: tl.constexpr = False,
+    MODE: tl.constexpr = 0,
+    NSPLIT: tl.constexpr = 1,
 ):
     _pdl_wait(PDL)
     b = tl.program_id(0)
@@ -266,9 +341,71 @@ def _paged_attn_kernel(
         q_mask = row_valid[:, None]
     else:
         q_mask = row_valid[:, None] & (offs_d < HEAD_DIM)[None, :]
-    q = tl.load(
-        q_ptr + tok[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :], mask=q_mask, other=0.0
-    )
+    if ROPE:
+        # q / k RMSNorm + RoPE + KV store in this kernel (rope_store_paged_attention): from the qkv GEMM's output
+        # (or its split-K partials), with rope_store's arithmetic. The new tokens' K/V rows that fall in this
+        # program's KV range are written by this program and read back after a CTA barrier; every program reads
+        # only its own range and every new row lies in some program's range (one query tile per request), so no
+        # program depends on another's stores (rows in two ranges are never: the ranges are disjoint).
+        d_mask = offs_d < HEAD_DIM
+        half = HEAD_DIM // 2
+        partner = tl.where(offs_d < half, offs_d + half, offs_d - half)
+        sign = tl.where(offs_d < half, -1.0, 1.0)[None, :]
+        range_lo = kv_lo + t_begin * BLOCK_N
+        range_hi = tl.minimum(kv_lo + t_end * BLOCK_N, kv_hi)
+        offs_r = tl.arange(0, R_PAD)
+        r_tok = (q_start + offs_r).to(tl.int64)
+        r_ok = (offs_r < q_len) & (ctx + offs_r >= range_lo) & (ctx + offs_r < range_hi)
+        r_slot = tl.load(slot_ptr + r_tok, mask=r_ok, other=-1).to(tl.int64)
+        r_ok = r_ok & (r_slot >= 0)  # slot -1: padding, no KV write
+        if tl.sum(r_ok.to(tl.int32), 0) > 0:
+            r_mask = r_ok[:, None] & d_mask[None, :]
+            r_p = tl.load(pos_ptr + r_tok, mask=r_ok, other=0).to(tl.int64)
+            # cos/sin tables are fp32; the torch path casts them to the model dtype first
+            cos_r = _round(
+                tl.load(cos_ptr + r_p[:, None] * stride_cos + offs_d[None, :], mask=r_mask, other=0.0), MODE
+            )
+            sin_r = _round(
+                tl.load(sin_ptr + r_p[:, None] * stride_sin + offs_d[None, :], mask=r_mask, other=0.0), MODE
+            )
+            k_base = qkv_ptr + r_tok[:, None] * stride_qkv + (NUM_HEADS + kvh) * HEAD_DIM
+            k_new = _norm_rope(k_base + offs_d[None, :], k_base + partner[None, :], r_mask, kw_ptr, offs_d, partner,
+                               cos_r, sin_r, sign, eps, stride_split, HEAD_DIM, QK_NORM, MODE, NSPLIT)  # fmt: skip
+            v_new = _load_qkv(
+                k_base + NUM_KV_HEADS * HEAD_DIM + offs_d[None, :], r_mask, stride_split, NSPLIT, MODE
+            )
+            r_blk = r_slot // BLOCK_SIZE
+            r_off = r_slot % BLOCK_SIZE
+            k_dst = (
+                k_cache_ptr
+                + (r_blk * stride_kb + r_off * stride_ks + kvh * stride_kh)[:, None]
+                + offs_d[None, :]
+            )
+            v_dst = (
+                v_cache_ptr
+                + (r_blk * stride_vb + r_off * stride_vs + kvh * stride_vh)[:, None]
+                + offs_d[None, :]
+            )
+            tl.store(k_dst, k_new.to(k_cache_ptr.dtype.element_ty), mask=r_mask)
+            tl.store(v_dst, v_new.to(v_cache_ptr.dtype.element_ty), mask=r_mask)
+            tl.debug_barrier()  # this CTA's stores before its reads of the same rows below
+        # q in two [BLOCK_M, HEAD_DIM / 2] halves (the rotate-half pairs; HEAD_DIM a power of 2 here): half the
+        # registers of rope_store's [rows, D] tile and its partner tile, which spill at 64 rows x 128 on sm_90
+        # (a program with no KV tile needs no q: in a CUDA graph sized for the model's max length most splits of a
+        # short context are empty, and their q reads of the qkv partials cost L2 bandwidth the others wait for)
+        if t_end > t_begin:
+            q = _rope_q_halves(qkv_ptr + tok[:, None] * stride_qkv + head[:, None] * HEAD_DIM, row_valid,
+                               pos_ptr + tok, cos_ptr, sin_ptr, qw_ptr, stride_cos, stride_sin, eps, stride_split,
+                               HEAD_DIM, QK_NORM, MODE, NSPLIT)  # fmt: skip
+            q = q.to(k_cache_ptr.dtype.element_ty)  # what rope_store would store
+        else:
+            q = tl.zeros([BLOCK_M, BLOCK_D], dtype=k_cache_ptr.dtype.element_ty)
+    else:
+        q = tl.load(
+            q_ptr + tok[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :],
+            mask=q_mask,
+            other=0.0,
+        )
 
     m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)  # finite, so fully masked rows never give inf - inf
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -516,6 +653,20 @@ def _merge_counters(device: torch.device, n: int) -> torch.Tensor:
     return buf
 
 
+class RopeStoreInputs(NamedTuple):
+    """What :func:`rope_store_paged_attention` computes q and the new K/V from (``rope_store``'s arguments)."""
+
+    qkv: torch.Tensor  # [T, (Hq + 2 Hk) D], or only the shape / dtype template when ``partials`` is given
+    partials: torch.Tensor | None  # [S, T, (Hq + 2 Hk) D] fp32 split-K partials of the qkv GEMM
+    positions: torch.Tensor  # [T]
+    cos: torch.Tensor  # [max_position, D] fp32
+    sin: torch.Tensor
+    q_norm_weight: torch.Tensor | None  # [D] (Qwen3) or None
+    k_norm_weight: torch.Tensor | None
+    eps: float
+    slot_mapping: torch.Tensor  # [T], -1 writes nothing
+
+
 def paged_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -546,19 +697,166 @@ def paged_attention(
     """
     if q.dim() != 3 or k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
         raise ValueError("expected q [T, H, D] and k_cache == v_cache shape [num_blocks, block_size, Hk, D]")
-    t, h, d = q.shape
+    if q.stride(-1) != 1:
+        raise ValueError("q, k_cache and v_cache must be contiguous in their last dimension")
+    return _attention(
+        q, None, q.shape[0], q.shape[1], q.shape[2], q.dtype, k_cache, v_cache, query_start_loc, seq_lens,
+        block_tables, causal=causal, sliding_window=sliding_window, scale=scale, max_query_len=max_query_len,
+        max_seq_len=max_seq_len, out=out, num_splits=num_splits, config=config,
+    )  # fmt: skip
+
+
+def rope_store_paged_attention(
+    rope: RopeStoreInputs,
+    num_heads: int,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_tables: torch.Tensor,
+    *,
+    causal: bool = True,
+    sliding_window: int | None = None,
+    scale: float | None = None,
+    max_query_len: int,
+    max_seq_len: int | None = None,
+    out: torch.Tensor | None = None,
+    num_splits: int | None = None,
+    config: AttentionConfig | None = None,
+) -> torch.Tensor:
+    """``rope_store`` (split of the qkv GEMM output, q / k RMSNorm, RoPE, K/V store by slot) followed by
+    :func:`paged_attention`, as one kernel where every request's queries fit one query tile (decode, speculative
+    verify, a DFlash block: ``max_query_len`` <= the tile's queries); otherwise the two launches. Returns ``out``
+    [T, num_heads, head_dim]; the caches hold the new K/V afterwards either way, bit for bit as ``rope_store``
+    writes them, and the output equals ``paged_attention`` of ``rope_store``'s q.
+
+    Each program (request, KV head, KV split) computes its query rows' q from the qkv rows (summing the split-K
+    partials as ``rope_store`` does) and the new tokens' K/V rows in its own KV range, stores those, and attends
+    after a CTA barrier: saves ``rope_store``'s launch and its q round trip (DESIGN.md §4: a decode step's small
+    kernels are latency chains).
+    """
+    from specserve.layers.triton_fused import rope_store
+
+    hk, d = k_cache.shape[2], k_cache.shape[3]
+    if num_heads < 1 or num_heads % hk:
+        raise ValueError(
+            f"num_heads must be a positive multiple of the cache's {hk} KV heads, got {num_heads}"
+        )
+    cfg = config or select_attention_config(num_heads, hk, d, max_query_len)
+    if (
+        max_query_len > cfg.queries_per_tile
+        or d < 16
+        or d & (d - 1)  # q's rotate-half halves fill the tile only for power-of-2 head dims
+        or not fused_rope_wanted(
+            max_query_len, num_heads // hk, d, 1 if rope.partials is None else rope.partials.shape[0]
+        )
+    ):
+        q = rope_store(
+            rope.qkv, rope.positions, rope.cos, rope.sin, rope.q_norm_weight, rope.k_norm_weight, rope.eps,
+            k_cache, v_cache, rope.slot_mapping, num_heads, hk, d, rope.partials,
+        )  # fmt: skip
+        return paged_attention(
+            q, k_cache, v_cache, query_start_loc, seq_lens, block_tables, causal=causal,
+            sliding_window=sliding_window, scale=scale, max_query_len=max_query_len, max_seq_len=max_seq_len,
+            out=out, num_splits=num_splits, config=config,
+        )  # fmt: skip
+    qkv, t = rope.qkv, rope.qkv.shape[0]
+    width = (num_heads + 2 * hk) * d
+    if qkv.dim() != 2 or qkv.shape[1] != width or (rope.partials is None and qkv.stride(1) != 1):
+        raise ValueError(f"qkv must be [T, {width}] with contiguous rows; got {tuple(qkv.shape)}")
+    if rope.partials is not None:
+        p = rope.partials
+        if p.dim() != 3 or tuple(p.shape[1:]) != tuple(qkv.shape) or p.stride(2) != 1:
+            raise ValueError(
+                f"partials must be [S, {tuple(qkv.shape)}] with contiguous rows; got {tuple(p.shape)}"
+            )
+    if d % 2:
+        raise ValueError(f"head_dim must be even, got {d}")
+    if rope.positions.shape != (t,) or rope.slot_mapping.shape != (t,):
+        raise ValueError(
+            f"positions and slot_mapping must be [T={t}]; got {tuple(rope.positions.shape)}, "
+            f"{tuple(rope.slot_mapping.shape)}"
+        )
+    if rope.cos.dim() != 2 or rope.cos.shape[1] != d or rope.sin.shape != rope.cos.shape:
+        raise ValueError(
+            f"cos/sin must be [max_position, {d}]; got {tuple(rope.cos.shape)}, {tuple(rope.sin.shape)}"
+        )
+    if rope.cos.stride(1) != 1 or rope.sin.stride(1) != 1:
+        raise ValueError("cos/sin must be contiguous in their last dimension")
+    if (rope.q_norm_weight is None) != (rope.k_norm_weight is None):
+        raise ValueError("pass both q_norm_weight and k_norm_weight, or neither")
+    for w in (rope.q_norm_weight, rope.k_norm_weight):
+        if w is not None and (w.shape != (d,) or w.stride(0) != 1):
+            raise ValueError(f"q/k norm weights must be contiguous [{d}]")
+    if k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
+        raise ValueError("expected k_cache == v_cache shape [num_blocks, block_size, Hk, D]")
+    return _attention(
+        None, rope, t, num_heads, d, qkv.dtype, k_cache, v_cache, query_start_loc, seq_lens, block_tables,
+        causal=causal, sliding_window=sliding_window, scale=scale, max_query_len=max_query_len,
+        max_seq_len=max_seq_len, out=out, num_splits=num_splits, config=cfg,
+    )  # fmt: skip
+
+
+FUSED_ROPE_ENV = "SPECSERVE_FUSED_ROPE_ATTN"
+_FUSED_ROPE_MODES = ("auto", "1", "decode", "0")
+# auto: the one kernel where a program's q prologue reads at most this many qkv values (query rows x GQA group x
+# head_dim x split-K partials). H200 (session 17, benchmarks/results/h200-2026-12-04-s17): Qwen3-8B-shaped decode
+# (1 x 4 x 128 x 8 = 4096) 4.54-4.61 -> 4.49-4.53 ms a step in three calls; its 16-row verify (65536) 4.84-4.99 ->
+# 5.55 ms (the one program holding the new rows reads ~0.4 MB of fp32 partials serially); SmolLM2's DFlash K=15 step
+# (16 x 3 x 64 x 3 = 9216, verify and drafter) within the run-to-run spread (1.16-1.28 vs 1.15-1.34 ms).
+FUSED_ROPE_MAX_LOAD = 16384
+
+
+def fused_rope_wanted(max_query_len: int, group: int, head_dim: int, nsplit: int) -> bool:
+    """Whether :func:`rope_store_paged_attention` runs as one kernel (given that each request's queries fit one
+    tile): ``SPECSERVE_FUSED_ROPE_ATTN`` (read per call, i.e. per graph capture) ``auto`` (default: one-query steps,
+    and steps whose q prologue reads at most :data:`FUSED_ROPE_MAX_LOAD` values), ``1`` always, ``decode``
+    one-query steps only, ``0`` never (``rope_store`` + ``paged_attention``)."""
+    mode = os.environ.get(FUSED_ROPE_ENV, "auto").strip() or "auto"
+    if mode not in _FUSED_ROPE_MODES:
+        raise ValueError(f"{FUSED_ROPE_ENV} must be one of {', '.join(_FUSED_ROPE_MODES)}; got {mode!r}")
+    if mode == "auto":
+        return max_query_len == 1 or max_query_len * group * head_dim * nsplit <= FUSED_ROPE_MAX_LOAD
+    return mode == "1" or (mode == "decode" and max_query_len == 1)
+
+
+def _attention(
+    q: torch.Tensor | None,
+    rope: RopeStoreInputs | None,
+    t: int,
+    h: int,
+    d: int,
+    dtype: torch.dtype,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_tables: torch.Tensor,
+    *,
+    causal: bool,
+    sliding_window: int | None,
+    scale: float | None,
+    max_query_len: int,
+    max_seq_len: int | None,
+    out: torch.Tensor | None,
+    num_splits: int | None,
+    config: AttentionConfig | None,
+) -> torch.Tensor:
+    """The launch shared by :func:`paged_attention` (``q`` given) and :func:`rope_store_paged_attention` (``rope``
+    given: q and the new K/V computed in the kernel; the caller checked that one query tile holds each request)."""
     _, block_size, hk, dk = k_cache.shape
+    device = k_cache.device
     if dk != d or h % hk != 0:
         raise ValueError(f"incompatible shapes: q heads {h}, head_dim {d}; cache heads {hk}, head_dim {dk}")
     if h // hk > 128:
         raise ValueError(f"GQA group size {h // hk} > 128 is not supported")
     if d > 256:
         raise ValueError(f"head_dim {d} > 256 is not supported by the Triton kernel")
-    if q.dtype != k_cache.dtype or v_cache.dtype != k_cache.dtype:
+    if dtype != k_cache.dtype or v_cache.dtype != k_cache.dtype:
         raise ValueError(
-            f"q, k_cache and v_cache must share a dtype; got {q.dtype}, {k_cache.dtype}, {v_cache.dtype}"
+            f"q, k_cache and v_cache must share a dtype; got {dtype}, {k_cache.dtype}, {v_cache.dtype}"
         )
-    if q.stride(-1) != 1 or k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
+    if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
         raise ValueError("q, k_cache and v_cache must be contiguous in their last dimension")
     b = seq_lens.shape[0]
     if query_start_loc.shape != (b + 1,) or block_tables.dim() != 2 or block_tables.shape[0] != b:
@@ -569,9 +867,9 @@ def paged_attention(
     if sliding_window is not None and sliding_window <= 0:
         raise ValueError(f"sliding_window must be positive or None, got {sliding_window}")
     if out is None:
-        out = torch.empty((t, h, d), dtype=q.dtype, device=q.device)
-    elif out.shape != q.shape or out.stride(-1) != 1:
-        raise ValueError(f"out must be [T, H, D] = {tuple(q.shape)} with a contiguous last dimension")
+        out = torch.empty((t, h, d), dtype=dtype, device=device)
+    elif tuple(out.shape) != (t, h, d) or out.stride(-1) != 1:
+        raise ValueError(f"out must be [T, H, D] = {(t, h, d)} with a contiguous last dimension")
     if t == 0 or b == 0 or max_query_len <= 0:
         return out
     if block_tables.stride(1) != 1:
@@ -582,17 +880,17 @@ def paged_attention(
         raise ValueError(f"{cfg} cannot hold {h // hk} heads per query")
     q_tiles = triton.cdiv(max_query_len, cfg.queries_per_tile)
     if num_splits is None:
-        num_splits = _pick_num_splits(q.device, b * hk * q_tiles, cfg.block_n, max_seq_len, max_query_len)
+        num_splits = _pick_num_splits(device, b * hk * q_tiles, cfg.block_n, max_seq_len, max_query_len)
     num_splits = max(1, int(num_splits))
     block_d = max(16, triton.next_power_of_2(d))
     scale = d**-0.5 if scale is None else float(scale)
-    precision = "ieee" if q.dtype == torch.float32 else "tf32"
+    precision = "ieee" if dtype == torch.float32 else "tf32"
 
     fused = num_splits > 1 and _merge_mode() == "fused"
-    counters = _merge_counters(q.device, b * hk * q_tiles) if fused else seq_lens  # seq_lens: unused
+    counters = _merge_counters(device, b * hk * q_tiles) if fused else seq_lens  # seq_lens: unused
     if num_splits > 1:
-        part_out = torch.empty((num_splits, t, h, d), dtype=torch.float32, device=q.device)
-        part_lse = torch.empty((num_splits, t, h), dtype=torch.float32, device=q.device)
+        part_out = torch.empty((num_splits, t, h, d), dtype=torch.float32, device=device)
+        part_lse = torch.empty((num_splits, t, h), dtype=torch.float32, device=device)
         p_strides = (
             part_out.stride(0),
             part_out.stride(1),
@@ -603,11 +901,30 @@ def paged_attention(
     else:
         part_out = part_lse = out  # unused
         p_strides = (0, 0, 0, 0, 0)
+    if rope is None:
+        assert q is not None
+        q_arg, q_strides = q, (q.stride(0), q.stride(1))
+        rope_args: tuple = (out, seq_lens, out, out, out, out, seq_lens, 0, 0, 0, 0, 0.0)  # unused
+        rope_const: dict = {}
+    else:
+        src = rope.partials if rope.partials is not None else rope.qkv
+        qk_norm = rope.q_norm_weight is not None
+        q_arg, q_strides = out, (0, 0)  # unused
+        rope_args = (
+            src, rope.positions, rope.cos, rope.sin,
+            rope.q_norm_weight if qk_norm else rope.cos, rope.k_norm_weight if qk_norm else rope.cos,
+            rope.slot_mapping, src.stride(-2), src.stride(0) if rope.partials is not None else 0,
+            rope.cos.stride(0), rope.sin.stride(0), float(rope.eps),
+        )  # fmt: skip
+        rope_const = dict(
+            ROPE=True, NUM_HEADS=h, NUM_KV_HEADS=hk, R_PAD=max(2, triton.next_power_of_2(cfg.queries_per_tile)),
+            QK_NORM=qk_norm, MODE=_mode(dtype), NSPLIT=rope.partials.shape[0] if rope.partials is not None else 1,
+        )  # fmt: skip
 
     grid = (b, hk, q_tiles * num_splits)
-    pdl, pdl_kw = pdl_launch(q.device, "attn" if num_splits == 1 or fused else None)
+    pdl, pdl_kw = pdl_launch(device, "attn" if num_splits == 1 or fused else None)
     _paged_attn_kernel[grid](
-        q,
+        q_arg,
         k_cache,
         v_cache,
         out,
@@ -618,8 +935,7 @@ def paged_attention(
         seq_lens,
         block_tables,
         scale * math.log2(math.e),
-        q.stride(0),
-        q.stride(1),
+        *q_strides,
         k_cache.stride(0),
         k_cache.stride(1),
         k_cache.stride(2),
@@ -630,6 +946,7 @@ def paged_attention(
         out.stride(1),
         block_tables.stride(0),
         *p_strides,
+        *rope_args,
         HEAD_DIM=d,
         BLOCK_D=block_d,
         GROUP=h // hk,
@@ -642,10 +959,11 @@ def paged_attention(
         NUM_SPLITS=num_splits,
         FUSED_MERGE=fused,
         PRECISION=precision,
-        UPCAST=q.device.type == "cpu" and q.dtype != torch.float32,  # CPU only runs under TRITON_INTERPRET=1
+        UPCAST=device.type == "cpu" and dtype != torch.float32,  # CPU only runs under TRITON_INTERPRET=1
         PDL=pdl,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
+        **rope_const,
         **pdl_kw,
     )
     if num_splits > 1 and not fused:
@@ -661,7 +979,7 @@ def paged_attention(
             BLOCK_D=block_d,
             NUM_SPLITS=num_splits,
             SPLITS_PAD=splits_pad,
-            PDL=pdl_launch(q.device, "merge")[0],
+            PDL=pdl_launch(device, "merge")[0],
             num_warps=4 if splits_pad * block_d >= 2048 else 2,
             **pdl_kw,
         )

@@ -81,39 +81,48 @@ class Attention(nn.Module):
         cache: KVCache,
         backend: AttentionBackend,
     ) -> torch.Tensor:
-        """``forward`` with split, q/k norm, RoPE and the K/V store in one kernel (``rope_store``)."""
-        q = self.rope_store_qkv(self.qkv_proj(x), positions, meta, cache)
-        return self._attend_out(q, meta, cache, backend)
+        """``forward`` with split, q/k norm, RoPE and the K/V store in one kernel (``rope_store``), or with the
+        attention too (:meth:`rope_attend`)."""
+        return self.o_proj(self.rope_attend(self.qkv_proj(x), positions, meta, cache, backend))
 
-    def rope_store_qkv(
+    def rope_attend(
         self,
         qkv: torch.Tensor,
         positions: torch.Tensor,
         meta: AttnMetadata,
         cache: KVCache,
+        backend: AttentionBackend,
         partials: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Fused path: split ``qkv``, q/k norm, RoPE, store K/V; returns q. ``partials``: the qkv GEMM's split-K
-        fp32 partials (``qkv`` then only gives the shape and dtype; see ``rope_store``)."""
-        from specserve.layers.triton_fused import rope_store
+        """Fused path: split ``qkv``, q/k norm, RoPE, K/V store (``rope_store``), then attention over the paged
+        cache: [T, num_heads * head_dim]. ``partials``: the qkv GEMM's split-K fp32 partials (``qkv`` then only gives
+        the shape and dtype). The Triton backend runs both as one kernel at decode steps
+        (``backend.rope_store_attend``)."""
+        from specserve.layers.triton_attention import RopeStoreInputs
 
         qn, kn = self.q_norm, self.k_norm
-        return rope_store(
+        rope = RopeStoreInputs(
             qkv,
+            partials,
             positions,
             self.rope.cos,
             self.rope.sin,
             qn.weight if qn is not None else None,
             kn.weight if kn is not None else None,
             qn.eps if qn is not None else 0.0,
+            meta.slot_mapping,
+        )
+        o = backend.rope_store_attend(
+            rope,
+            self.num_heads,
             cache[0],
             cache[1],
-            meta.slot_mapping,
-            self.num_heads,
-            self.num_kv_heads,
-            self.head_dim,
-            partials,
+            meta,
+            causal=self.causal and meta.causal,
+            sliding_window=self.sliding_window,
+            scale=self.scale,
         )
+        return o.reshape(-1, self.q_size)
 
     def attend(
         self, q: torch.Tensor, meta: AttnMetadata, cache: KVCache, backend: AttentionBackend
@@ -299,10 +308,9 @@ def _layer_fused_split(
         parts = partials(attn.qkv_proj, normed, "qkv")
         shape = (normed.shape[0], parts.shape[-1])  # the GEMM output's shape and dtype, no storage read
         like = torch.empty(1, dtype=normed.dtype, device=normed.device).expand(shape)
-        q = attn.rope_store_qkv(like, positions, meta, cache, partials=parts)
+        a = attn.rope_attend(like, positions, meta, cache, backend, partials=parts)
     else:
-        q = attn.rope_store_qkv(attn.qkv_proj(normed), positions, meta, cache)
-    a = attn.attend(q, meta, cache, backend)
+        a = attn.rope_attend(attn.qkv_proj(normed), positions, meta, cache, backend)
     o = partials(attn.o_proj, a, "o") if "o" in splits and attn.o_proj.bias is None else attn.o_proj(a)
     h, after_attn = add_rms_norm(o, entering, pn)  # sums o's partials when o_proj was split
     if fused_gate_up:  # (the MLP's projections have no biases)
@@ -384,8 +392,7 @@ def _layer_gemv(
     ln, pn = layer.input_layernorm, layer.post_attention_layernorm
     qkv, entering = gemv(x, attn.qkv_proj.weight, residual=residual, norm_weight=ln.weight, eps=ln.eps)
     assert entering is not None
-    q = attn.rope_store_qkv(qkv, positions, meta, cache)
-    o, _ = gemv(attn.attend(q, meta, cache, backend), attn.o_proj.weight)
+    o, _ = gemv(attn.rope_attend(qkv, positions, meta, cache, backend), attn.o_proj.weight)
     gu, after_attn = gemv(o, mlp.gate_up_proj.weight, residual=entering, norm_weight=pn.weight, eps=pn.eps)
     assert after_attn is not None
     down, _ = gemv(gu, mlp.down_proj.weight, silu_mul=True)
