@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from specserve.config import SpeculativeConfig
+from specserve.layers.sampler import argmax_last
 from specserve.models.dflash import DFlashDraftModel
 from specserve.spec.drafter_utils import (
     PagedBatch,
@@ -113,7 +114,7 @@ class DFlashProposer(Proposer):
             meta = buf.meta(b, runner.max_model_len + K + 1, causal=False)
             embeds = runner.model.embed_tokens(v.ids)
             hidden = self.model(embeds, v.pos, meta, self.caches, runner.backend)
-            return runner.model.compute_logits(hidden.view(b, K + 1, -1)[:, 1:]).argmax(-1)
+            return argmax_last(runner.model.compute_logits(hidden.view(b, K + 1, -1)[:, 1:]))
 
         def prepare(b: int) -> None:
             buf.fill(b, [], runner.block_size)
@@ -171,7 +172,7 @@ class DFlashProposer(Proposer):
                 causal=False,
             )
             hidden = self.model(runner.model.embed_tokens(ids), qpos, meta, self.caches, backend)
-            drafts = runner.model.compute_logits(hidden.view(b, q, -1)[:, 1:]).argmax(-1)
+            drafts = argmax_last(runner.model.compute_logits(hidden.view(b, q, -1)[:, 1:]))
             return torch.cat([packed, torch.where(active[:, None], drafts, -1)], 1)
 
         return self._capture_fused_step("dflash fused step", fn, target, buf, bs, capture)
@@ -234,7 +235,7 @@ class DFlashProposer(Proposer):
         embeds = tgt.embed_tokens(torch.tensor(ids, dtype=torch.long, device=dev))
         hidden = self.model(embeds, positions, meta, self.caches, backend)
         hidden = hidden.view(len(drafting), K + 1, -1)[:, 1:]
-        drafts = tgt.compute_logits(hidden).argmax(-1).tolist()
+        drafts = argmax_last(tgt.compute_logits(hidden)).tolist()
         for j, i in enumerate(drafting):
             out[i] = drafts[j][: inputs[i].max_drafts]
         return out

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from specserve.config import SpeculativeConfig
+from specserve.layers.sampler import argmax_last
 from specserve.models.eagle3 import Eagle3DraftModel
 from specserve.spec.drafter_utils import PagedBatch, build_model, drafter_graph_mode, load_drafter_checkpoint
 from specserve.spec.proposer import DraftInput, Proposer
@@ -224,7 +225,7 @@ class Eagle3Proposer(Proposer):
 
     def _draft_tokens(self, normed: torch.Tensor) -> torch.Tensor:
         head = self.model.lm_head or self.runner.model.lm_head
-        return self.model.to_target_ids(head(normed).argmax(-1))
+        return self.model.to_target_ids(argmax_last(head(normed)))
 
     @torch.inference_mode()
     def propose(self, inputs: list[DraftInput], features: torch.Tensor | None) -> list[list[int]]:

@@ -33,6 +33,7 @@ import torch
 from specserve.layers.sampler import (
     SamplingTensors,
     apply_sampling_constraints,
+    argmax_last,
     draw_exponential,
     static_sampling_tensors,
 )
@@ -132,7 +133,7 @@ def rejection_sample(
 
     # greedy: every emitted token is the target argmax at its position
     if not st.all_random:
-        target_argmax = target_logits.argmax(dim=-1)[row_idx]  # [B, K+1]
+        target_argmax = argmax_last(target_logits)[row_idx]  # [B, K+1]
         match = (draft == target_argmax[:, :k]) & valid
         accepted_g = match.to(torch.int64).cumprod(dim=1).sum(dim=1)
         final_g = target_argmax.gather(1, accepted_g.unsqueeze(1)).squeeze(1)
@@ -167,7 +168,7 @@ def rejection_sample(
         accepted_r = torch.zeros(num_reqs, dtype=torch.int64, device=device)
         dist = probs[bonus_idx]
     e = draw_exponential(num_reqs, vocab, st.generators, fallback, device)
-    final_r = (dist / e).argmax(dim=-1)
+    final_r = argmax_last(dist / e)
 
     if st.all_random:
         return _assemble(draft, accepted_r, final_r, k), accepted_r + 1
@@ -196,7 +197,7 @@ def greedy_verify(logits: torch.Tensor, ids: torch.Tensor, b: int, q: int) -> to
     drafts equal to the argmax of the row before them (0 when q == 1).  With num_draft real drafts, request j
     emits ``argmax[j, : min(n_match, num_draft) + 1]``, which is what rejection_sample gives a greedy request.
     """
-    am = logits.argmax(dim=-1).view(b, q)
+    am = argmax_last(logits).view(b, q)
     if q > 1:
         match = ids.view(b, q)[:, 1:] == am[:, :-1]
         n_match = match.to(torch.int64).cumprod(dim=1).sum(dim=1, keepdim=True)
@@ -257,7 +258,7 @@ def sample_verify(
     else:
         dist = p_at
     e = draw_exponential(b, vocab, [None] * b, None, device)
-    final = (dist / e).argmax(dim=-1)
+    final = argmax_last(dist / e)
     sampled = torch.cat([_assemble(draft, accepted, final, k), accepted.unsqueeze(1)], dim=1)
     greedy = st.greedy.view(b, q)[:, :1]
     return torch.where(greedy, greedy_packed, sampled)
