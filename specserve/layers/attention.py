@@ -136,18 +136,9 @@ class TritonAttentionBackend(AttentionBackend):
     def attend(self, q, k_cache, v_cache, meta, *, causal, sliding_window, scale):  # type: ignore[no-untyped-def]
         from specserve.layers.triton_attention import paged_attention
 
+        args, kw = _kernel_meta(meta)
         return paged_attention(
-            q,
-            k_cache,
-            v_cache,
-            meta.query_start_loc,
-            meta.seq_lens,
-            meta.block_tables,
-            causal=causal,
-            sliding_window=sliding_window,
-            scale=scale,
-            max_query_len=meta.max_query_len,
-            max_seq_len=meta.max_seq_len,
+            q, k_cache, v_cache, *args, causal=causal, sliding_window=sliding_window, scale=scale, **kw
         )
 
     def rope_store_attend(self, rope, num_heads, k_cache, v_cache, meta, *, causal, sliding_window, scale):  # type: ignore[no-untyped-def]
@@ -156,20 +147,25 @@ class TritonAttentionBackend(AttentionBackend):
         ``rope_store`` + ``paged_attention`` always)."""
         from specserve.layers.triton_attention import rope_store_paged_attention
 
+        args, kw = _kernel_meta(meta)
         return rope_store_paged_attention(
             rope,
             num_heads,
             k_cache,
             v_cache,
-            meta.query_start_loc,
-            meta.seq_lens,
-            meta.block_tables,
+            *args,
             causal=causal,
             sliding_window=sliding_window,
             scale=scale,
-            max_query_len=meta.max_query_len,
-            max_seq_len=meta.max_seq_len,
+            **kw,
         )
+
+
+def _kernel_meta(meta: AttnMetadata) -> tuple[tuple[torch.Tensor, ...], dict[str, int]]:
+    """The Triton attention kernels' metadata arguments: (query_start_loc, seq_lens, block_tables) and the host
+    sizes."""
+    args = (meta.query_start_loc, meta.seq_lens, meta.block_tables)
+    return args, {"max_query_len": meta.max_query_len, "max_seq_len": meta.max_seq_len}
 
 
 def make_backend(name: str, device: torch.device) -> AttentionBackend:

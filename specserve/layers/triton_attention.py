@@ -735,7 +735,7 @@ def rope_store_paged_attention(
     after a CTA barrier: saves ``rope_store``'s launch and its q round trip (DESIGN.md §4: a decode step's small
     kernels are latency chains).
     """
-    from specserve.layers.triton_fused import rope_store
+    from specserve.layers.triton_fused import check_rope_store_args, rope_store
 
     hk, d = k_cache.shape[2], k_cache.shape[3]
     if num_heads < 1 or num_heads % hk:
@@ -760,36 +760,11 @@ def rope_store_paged_attention(
             sliding_window=sliding_window, scale=scale, max_query_len=max_query_len, max_seq_len=max_seq_len,
             out=out, num_splits=num_splits, config=config,
         )  # fmt: skip
+    check_rope_store_args(
+        rope.qkv, rope.partials, rope.positions, rope.cos, rope.sin, rope.q_norm_weight, rope.k_norm_weight,
+        k_cache, v_cache, rope.slot_mapping, num_heads, hk, d,
+    )  # fmt: skip
     qkv, t = rope.qkv, rope.qkv.shape[0]
-    width = (num_heads + 2 * hk) * d
-    if qkv.dim() != 2 or qkv.shape[1] != width or (rope.partials is None and qkv.stride(1) != 1):
-        raise ValueError(f"qkv must be [T, {width}] with contiguous rows; got {tuple(qkv.shape)}")
-    if rope.partials is not None:
-        p = rope.partials
-        if p.dim() != 3 or tuple(p.shape[1:]) != tuple(qkv.shape) or p.stride(2) != 1:
-            raise ValueError(
-                f"partials must be [S, {tuple(qkv.shape)}] with contiguous rows; got {tuple(p.shape)}"
-            )
-    if d % 2:
-        raise ValueError(f"head_dim must be even, got {d}")
-    if rope.positions.shape != (t,) or rope.slot_mapping.shape != (t,):
-        raise ValueError(
-            f"positions and slot_mapping must be [T={t}]; got {tuple(rope.positions.shape)}, "
-            f"{tuple(rope.slot_mapping.shape)}"
-        )
-    if rope.cos.dim() != 2 or rope.cos.shape[1] != d or rope.sin.shape != rope.cos.shape:
-        raise ValueError(
-            f"cos/sin must be [max_position, {d}]; got {tuple(rope.cos.shape)}, {tuple(rope.sin.shape)}"
-        )
-    if rope.cos.stride(1) != 1 or rope.sin.stride(1) != 1:
-        raise ValueError("cos/sin must be contiguous in their last dimension")
-    if (rope.q_norm_weight is None) != (rope.k_norm_weight is None):
-        raise ValueError("pass both q_norm_weight and k_norm_weight, or neither")
-    for w in (rope.q_norm_weight, rope.k_norm_weight):
-        if w is not None and (w.shape != (d,) or w.stride(0) != 1):
-            raise ValueError(f"q/k norm weights must be contiguous [{d}]")
-    if k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
-        raise ValueError("expected k_cache == v_cache shape [num_blocks, block_size, Hk, D]")
     return _attention(
         None, rope, t, num_heads, d, qkv.dtype, k_cache, v_cache, query_start_loc, seq_lens, block_tables,
         causal=causal, sliding_window=sliding_window, scale=scale, max_query_len=max_query_len,

@@ -424,34 +424,24 @@ def _rope_store_kernel(
             tl.store(vc, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
 
 
-def rope_store(
+def check_rope_store_args(
     qkv: torch.Tensor,
+    partials: torch.Tensor | None,
     positions: torch.Tensor,
     cos: torch.Tensor,
     sin: torch.Tensor,
     q_norm_weight: torch.Tensor | None,
     k_norm_weight: torch.Tensor | None,
-    eps: float,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
     num_heads: int,
     num_kv_heads: int,
     head_dim: int,
-    partials: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """Split the fused qkv GEMM output, [q/k RMSNorm,] RoPE q and k, store k and v; return q [T, Hq, D].
-
-    ``partials`` [S, T, (Hq + 2 Hk) D] (fp32): the qkv GEMM as a split-K GEMM's partial outputs, summed here and
-    rounded to ``qkv``'s dtype; ``qkv`` is then only a template of the GEMM output's shape and dtype.
-
-    ``qkv`` [T, (Hq + 2 Hk) D] (rows contiguous); ``positions`` [T]; ``cos``/``sin`` the rotary tables
-    [max_position, D] (fp32, rotate-half layout); ``q_norm_weight``/``k_norm_weight`` [D] or both None;
-    caches [num_blocks, block_size, Hk, D]; ``slot_mapping`` [T] int32/int64 (-1 writes nothing). Equals
-    ``Attention.project_qkv`` followed by ``backend.store`` of the torch path. ``num_heads`` 0: ``qkv`` holds k and
-    v only ([T, 2 Hk D], rows may be strided: one layer's slice of the DFlash context K/V), nothing is returned
-    but an empty q.
-    """
+) -> tuple[torch.Tensor, int, int]:
+    """Validate :func:`rope_store`'s arguments (also those of the attention kernel that does its work:
+    ``triton_attention.rope_store_paged_attention``); returns (the tensor the kernel reads qkv from, its split
+    stride, the number of split-K partials)."""
     t = qkv.shape[0]
     width = (num_heads + 2 * num_kv_heads) * head_dim
     # with partials, qkv is only the template of the GEMM output: its strides do not matter
@@ -489,6 +479,42 @@ def rope_store(
         )
     if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
         raise ValueError("caches must be contiguous in their last dimension")
+    return src, stride_split, nsplit
+
+
+def rope_store(
+    qkv: torch.Tensor,
+    positions: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    q_norm_weight: torch.Tensor | None,
+    k_norm_weight: torch.Tensor | None,
+    eps: float,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    partials: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Split the fused qkv GEMM output, [q/k RMSNorm,] RoPE q and k, store k and v; return q [T, Hq, D].
+
+    ``partials`` [S, T, (Hq + 2 Hk) D] (fp32): the qkv GEMM as a split-K GEMM's partial outputs, summed here and
+    rounded to ``qkv``'s dtype; ``qkv`` is then only a template of the GEMM output's shape and dtype.
+
+    ``qkv`` [T, (Hq + 2 Hk) D] (rows contiguous); ``positions`` [T]; ``cos``/``sin`` the rotary tables
+    [max_position, D] (fp32, rotate-half layout); ``q_norm_weight``/``k_norm_weight`` [D] or both None;
+    caches [num_blocks, block_size, Hk, D]; ``slot_mapping`` [T] int32/int64 (-1 writes nothing). Equals
+    ``Attention.project_qkv`` followed by ``backend.store`` of the torch path. ``num_heads`` 0: ``qkv`` holds k and
+    v only ([T, 2 Hk D], rows may be strided: one layer's slice of the DFlash context K/V), nothing is returned
+    but an empty q.
+    """
+    t = qkv.shape[0]
+    src, stride_split, nsplit = check_rope_store_args(
+        qkv, partials, positions, cos, sin, q_norm_weight, k_norm_weight, k_cache, v_cache, slot_mapping,
+        num_heads, num_kv_heads, head_dim,
+    )  # fmt: skip
     q_out = torch.empty((t, num_heads, head_dim), dtype=qkv.dtype, device=qkv.device)
     if t == 0:
         return q_out
