@@ -208,27 +208,36 @@ def main() -> int:
                 for p in [p for prompts in sets.values() for p in prompts]:
                     sp = SamplingParams(temperature=0, max_tokens=args.tokens, ignore_eos=True)
                     llm.chat([[{"role": "user", "content": p}]], sp)
-                for set_name, prompts in sets.items():
-                    m0 = llm.get_metrics()
-                    ntok, t0 = 0, time.perf_counter()
-                    for p in prompts:
-                        sp = SamplingParams(temperature=0, max_tokens=args.tokens, ignore_eos=True)
-                        o = llm.chat([[{"role": "user", "content": p}]], sp)
-                        ntok += len(o[0].outputs[0].token_ids)
-                    dt = time.perf_counter() - t0
-                    m1 = llm.get_metrics()
-                    d = m1["spec_decode_num_drafts"] - m0["spec_decode_num_drafts"]
-                    a = m1["spec_decode_num_accepted_tokens"] - m0["spec_decode_num_accepted_tokens"]
-                    rows.append(
-                        {
-                            "engine": "specserve",
-                            "config": name(spec),
-                            "prompt_set": set_name,
-                            "tokens_per_s": round(ntok / dt, 1),
-                            "acceptance_length": round(1 + a / d, 3) if d else None,
-                        }
-                    )
-                    print(json.dumps(rows[-1]), flush=True)
+                # the engine's default, then (fused speculative steps) with their asynchronous pipelining off
+                runner = llm.engine.runner
+                modes = [(name(spec), None)]
+                if runner.async_spec:
+                    modes.append((name(spec) + " sync", False))
+                for cfg_name, async_spec in modes:
+                    if async_spec is not None:
+                        runner.async_spec = async_spec
+                    for set_name, prompts in sets.items():
+                        m0 = llm.get_metrics()
+                        ntok, t0 = 0, time.perf_counter()
+                        for p in prompts:
+                            sp = SamplingParams(temperature=0, max_tokens=args.tokens, ignore_eos=True)
+                            o = llm.chat([[{"role": "user", "content": p}]], sp)
+                            ntok += len(o[0].outputs[0].token_ids)
+                        dt = time.perf_counter() - t0
+                        m1 = llm.get_metrics()
+                        d = m1["spec_decode_num_drafts"] - m0["spec_decode_num_drafts"]
+                        a = m1["spec_decode_num_accepted_tokens"] - m0["spec_decode_num_accepted_tokens"]
+                        rows.append(
+                            {
+                                "engine": "specserve",
+                                "config": cfg_name,
+                                "prompt_set": set_name,
+                                "tokens_per_s": round(ntok / dt, 1),
+                                "acceptance_length": round(1 + a / d, 3) if d else None,
+                                "pipelined_spec_steps": runner.num_async_spec_steps,
+                            }
+                        )
+                        print(json.dumps(rows[-1]), flush=True)
             del llm
             torch.cuda.empty_cache()
         if not args.no_eager:

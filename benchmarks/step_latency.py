@@ -153,8 +153,49 @@ def count_steps(engine: Any) -> dict[str, int]:
     return steps
 
 
+def timed_generate(
+    llm: Any, eng: Any, steps: dict[str, int], prompts: list, max_tokens: int
+) -> tuple[float, int, int]:
+    """Wall seconds, engine steps and pipelined (asynchronous) steps of one ``generate`` of ``max_tokens``
+    greedy tokens per prompt."""
+    from specserve import SamplingParams
+
+    sp = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+    r = eng.runner
+    a0 = r.num_async_steps + r.num_async_spec_steps
+    steps["n"] = 0
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    llm.generate(prompts, sp, use_tqdm=False)
+    return time.perf_counter() - t0, steps["n"], r.num_async_steps + r.num_async_spec_steps - a0
+
+
+def step_ms(
+    llm: Any, eng: Any, steps: dict[str, int], prompts: list, short: int, long: int, reps: int
+) -> tuple[float, int, int, float]:
+    """Milliseconds per decode step, from the difference of a ``long`` and a ``short`` generate (the prefill, the
+    first steps and the synchronous tail before max_tokens cancel out); the best of ``reps`` pairs. Also the
+    long run's steps, its pipelined steps, and its plain wall time per step (prefill included, the pre-s18
+    number)."""
+    best = None
+    for _ in range(reps):
+        t1, n1, _ = timed_generate(llm, eng, steps, prompts, short)
+        t2, n2, a2 = timed_generate(llm, eng, steps, prompts, long)
+        ms = 1e3 * (t2 - t1) / max(1, n2 - n1)
+        if best is None or ms < best[0]:
+            best = (ms, n2, a2, 1e3 * t2 / max(1, n2))
+    assert best is not None
+    return best
+
+
 def run_config(
-    model_dir: str, spec: dict | None, batches: list[int], eager: bool, max_tokens: int
+    model_dir: str,
+    spec: dict | None,
+    batches: list[int],
+    eager: bool,
+    max_tokens: int,
+    short_tokens: int,
+    reps: int,
 ) -> list[dict]:
     from specserve import LLM, SamplingParams
 
@@ -169,46 +210,34 @@ def run_config(
         enable_prefix_caching=False,
         enforce_eager=eager,
         gpu_memory_utilization=0.6,
-        async_spec=True,  # measured on, then off in the same run (opt-in in the engine until measured)
     )
     eng = llm.engine
     weight_bytes = read_weight_bytes(eng.runner.model)
     steps = count_steps(eng)
     rows = []
     g = torch.Generator().manual_seed(0)
+    # the engine's defaults (asynchronous scheduling of plain decode and of fused speculative steps where the
+    # graphs run them), then both off in the same run: what overlapping the host work with the device buys
+    modes = (bool(eng.runner.async_scheduling), bool(eng.runner.async_spec))
     for b in batches:
         prompts = [
             {"prompt_token_ids": torch.randint(1000, 100000, (128,), generator=g).tolist()} for _ in range(b)
         ]
-        sp = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
-        llm.generate(prompts, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))  # warm-up
+        llm.generate(prompts, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True), use_tqdm=False)
         eng.runner.profile, eng.runner.timings = True, []
         steps["n"] = 0
         t0 = time.perf_counter()
-        llm.generate(prompts, sp)
+        llm.generate(prompts, SamplingParams(temperature=0, max_tokens=48, ignore_eos=True), use_tqdm=False)
         wall = time.perf_counter() - t0
         eng.runner.profile = False
         dec = [t for t in eng.runner.timings[1:] if t[2] == b]  # skip the prefill step
-        # a second, unprofiled run gives the wall-clock step time without the profiling syncs
-        steps["n"] = 0
         fused0 = eng.runner.num_fused_steps
-        t0 = time.perf_counter()
-        llm.generate(prompts, sp)
-        wall2 = time.perf_counter() - t0
-        n2 = steps["n"]
-        fused = eng.runner.num_fused_steps - fused0  # verify steps whose drafter ran in the fused graph
-        modes = (
-            bool(getattr(eng.runner, "async_scheduling", False)),
-            bool(getattr(eng.runner, "async_spec", False)),
-        )
-        async_on = any(modes)
-        sync_ms = None
-        if async_on:  # the same run with asynchronous scheduling off: what overlapping the host work buys
+        ms, n2, pipelined, ms_incl = step_ms(llm, eng, steps, prompts, short_tokens, max_tokens, reps)
+        fused = (eng.runner.num_fused_steps - fused0) // max(1, 2 * reps)  # per long + short pair
+        sync_ms = sync_incl = None
+        if any(modes):
             eng.runner.async_scheduling = eng.runner.async_spec = False
-            steps["n"] = 0
-            t0 = time.perf_counter()
-            llm.generate(prompts, sp)
-            sync_ms = round(1e3 * (time.perf_counter() - t0) / max(1, steps["n"]), 3)
+            sync_ms, _, _, sync_incl = step_ms(llm, eng, steps, prompts, short_tokens, max_tokens, reps)
             eng.runner.async_scheduling, eng.runner.async_spec = modes
         med = lambda xs: sorted(xs)[len(xs) // 2] if xs else 0.0  # noqa: E731
         rows.append(
@@ -217,13 +246,18 @@ def run_config(
                 "k": spec["num_speculative_tokens"] if spec else 0,
                 "batch": b,
                 "graphs": not eager,
-                "step_ms_wall": round(1e3 * wall2 / max(1, n2), 3),
+                "step_ms_wall": round(ms, 3),
                 "target_ms": round(med([t[0] for t in dec]), 3),
                 "drafter_ms": round(med([t[1] for t in dec]), 3),
                 "steps": n2,
-                "fused_steps": fused,
-                "async_scheduling": async_on,
-                "step_ms_wall_no_async": sync_ms,
+                "pipelined_steps": pipelined,
+                "fused_steps_per_pair": fused,
+                "async_scheduling": modes[0],
+                "async_spec": modes[1],
+                "step_ms_wall_no_async": None if sync_ms is None else round(sync_ms, 3),
+                "step_ms_incl_prefill": round(ms_incl, 3),
+                "step_ms_incl_prefill_no_async": None if sync_incl is None else round(sync_incl, 3),
+                "tokens": [short_tokens, max_tokens],
                 "profiled_wall_s": round(wall, 3),
                 "weight_bytes": weight_bytes,
             }
@@ -264,7 +298,14 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--config-dir", required=True)
     ap.add_argument("--batches", nargs="+", type=int, default=[1, 2, 4, 8])
-    ap.add_argument("--max-tokens", type=int, default=48)
+    ap.add_argument("--max-tokens", type=int, default=256, help="tokens per request of the long timed run")
+    ap.add_argument(
+        "--short-tokens",
+        type=int,
+        default=64,
+        help="tokens per request of the short run subtracted from the long one (ms per step = the difference)",
+    )
+    ap.add_argument("--reps", type=int, default=2, help="pairs of timed runs; the best pair counts")
     ap.add_argument("--skip-hf", action="store_true")
     ap.add_argument("--skip-eager", action="store_true")
     ap.add_argument(
@@ -291,11 +332,27 @@ def main() -> int:
             ap.error(f"--configs: expected plain, dflash:K or eagle3:K, got {c!r}")
     rows = []
     for spec in configs:
-        rows += run_config(args.config_dir, spec, args.batches, eager=False, max_tokens=args.max_tokens)
+        rows += run_config(
+            args.config_dir,
+            spec,
+            args.batches,
+            eager=False,
+            max_tokens=args.max_tokens,
+            short_tokens=args.short_tokens,
+            reps=args.reps,
+        )
     if not args.skip_eager:
         for spec in configs:
             if spec is None or (spec["method"] == "dflash" and spec["num_speculative_tokens"] == 15):
-                rows += run_config(args.config_dir, spec, [1], eager=True, max_tokens=args.max_tokens)
+                rows += run_config(
+                    args.config_dir,
+                    spec,
+                    [1],
+                    eager=True,
+                    max_tokens=args.max_tokens,
+                    short_tokens=args.short_tokens,
+                    reps=1,
+                )
     hf_ms = None if args.skip_hf else hf_decode_ms(args.config_dir)
     wb = rows[0]["weight_bytes"]
     # reading the weights once at the best DRAM rate measured here: a copy's read+write traffic per second or a

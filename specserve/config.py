@@ -243,8 +243,8 @@ class EngineConfig:
     # CUDA graphs, True = wherever the padded path runs (CPU tests), False = off
     async_scheduling: bool | None = None
     # fused speculative steps (DFlash, EAGLE-3; greedy or unseeded random rows): launch verify step N+1 (inputs built
-    # on the device from N's output) before N's tokens reach the host; True = on (needs the fused step); None /
-    # False = off (opt-in: identical tokens on the H200; no faster on an 8B shape, 4% on SmolLM2, sessions 3 / 10)
+    # on the device from N's output) before N's tokens reach the host; needs the fused step; None = on with CUDA
+    # graphs (as async_scheduling), False = off
     async_spec: bool | None = None
 
     def __post_init__(self) -> None:

@@ -185,9 +185,12 @@ def test_stops_and_different_lengths(often_qwen3_dir, dflash_dir):
     assert finals["2"][2] == "length"
 
 
-def test_abort_mid_flight(often_qwen3_dir, dflash_dir):
+@pytest.mark.parametrize("victim", ["0", "1", "2"])
+def test_abort_mid_flight(victim, often_qwen3_dir, dflash_dir):
     """Abort a request while a speculative step is in flight (its blocks are freed, its in-flight output
-    discarded): step for step the same as the synchronous engine, no block leaked."""
+    discarded): step for step the same as the synchronous engine, no block leaked. The first, a middle or the
+    last request: the next step's rows are then a reordered subset or a prefix of the in-flight step's (the
+    prefix case crashed the H200 server in session 18: its per-request columns kept the old length)."""
     k = 4
     sync = _llm(often_qwen3_dir, dflash_dir, k, False)
     asy = _llm(often_qwen3_dir, dflash_dir, k, True)
@@ -197,7 +200,7 @@ def test_abort_mid_flight(often_qwen3_dir, dflash_dir):
     def on_step(eng, n):  # type: ignore[no-untyped-def]
         inflight.append(eng._inflight_spec is not None)
         if n == 5:
-            eng.abort_request("1")
+            eng.abort_request(victim)
 
     want, obs_want = _run(sync, PROMPTS, params, on_step)
     inflight.clear()
@@ -272,13 +275,15 @@ def test_random_rows_pipeline_too(method, often_qwen3_dir, dflash_dir, tmp_path)
     assert 0 in accepted and len(accepted) >= 2
 
 
-def test_opt_in(often_qwen3_dir, dflash_dir):
+def test_default_follows_graphs(often_qwen3_dir, dflash_dir):
+    """On by default where CUDA graphs run the fused step (as async_scheduling); without graphs (here: CPU) it
+    is off unless asked for, and async_spec=False turns it off."""
     spec = {"method": "dflash", "model": dflash_dir, "num_speculative_tokens": 4}
     kw = dict(dtype="float32", device="cpu", max_num_seqs=2, padded_decode=True, speculative_config=spec)
     assert not LLM(often_qwen3_dir, **kw).engine.runner.async_spec  # type: ignore[arg-type]
-    # opt-in until measured on a GPU: async_scheduling alone does not turn it on
     assert not LLM(often_qwen3_dir, async_scheduling=True, **kw).engine.runner.async_spec  # type: ignore[arg-type]
     assert LLM(often_qwen3_dir, async_spec=True, **kw).engine.runner.async_spec  # type: ignore[arg-type]
+    assert not LLM(often_qwen3_dir, async_spec=False, **kw).engine.runner.async_spec  # type: ignore[arg-type]
 
 
 def test_padded_cpu_path_needs_no_triton(often_qwen3_dir, dflash_dir):

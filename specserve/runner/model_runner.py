@@ -412,10 +412,10 @@ class ModelRunner:
         self._async_host = [torch.zeros((max_b, 2), dtype=torch.int64, pin_memory=cuda) for _ in range(2)]
         self._async_events = [torch.cuda.Event() if cuda else None for _ in range(2)]
         self._async_flip = 0
-        # async fused speculative steps (see launch_spec): likewise, rows of q + 1 + K
-        # opt-in (None = off): on the H200 identical tokens; DFlash K=15 6.40 vs 6.19 ms on an 8B shape (GPU-bound),
-        # 1.44 vs 1.44-1.56 ms on SmolLM2 (session 11)
-        self.async_spec = bool(cfg.async_spec) and self.use_fused_step
+        # async fused speculative steps (see launch_spec): likewise, rows of q + 1 + K; on by default with CUDA
+        # graphs, as async_scheduling (session 18 measured it engaged: benchmarks/README.md; sessions 10-15 timed
+        # 48-token runs, which never leave the synchronous tail at K=15)
+        self.async_spec = (cfg.async_spec if cfg.async_spec is not None else capture) and self.use_fused_step
         self._spec_host = [
             torch.zeros((max_b, 2 * k + 2), dtype=torch.int64, pin_memory=cuda) for _ in range(2)
         ]
@@ -791,8 +791,9 @@ class ModelRunner:
                 )
                 src_packed, src_nd = src_packed.index_select(0, sel), src_nd.index_select(0, sel)
                 src_budget, src_first = src_budget.index_select(0, sel), src_first.index_select(0, sel)
-            else:
-                src_packed = src_packed[:n]
+            else:  # the same requests in the same order, or a prefix of them (the last ones finished)
+                src_packed, src_nd = src_packed[:n], src_nd[:n]
+                src_budget, src_first = src_budget[:n], src_first[:n]
             ids, pos, slots, seq, num_draft, budget, first = self._async_step_inputs(
                 src_packed, src_nd, src_budget, src_first, v.bt[:n], K, bs
             )

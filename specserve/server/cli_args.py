@@ -192,8 +192,8 @@ def make_arg_parser() -> OneLineArgumentParser:
         action=argparse.BooleanOptionalAction,
         default=None,
         help="Launch the next fused speculative step (DFlash, EAGLE-3; greedy or unseeded sampling) before the "
-        "current one's tokens reach the host (default: off; on the H200: 0-8% faster steps on SmolLM2, 3% slower on an "
-        "8B shape, where the step is GPU-bound).",
+        "current one's tokens reach the host (default: on with CUDA graphs; on the H200 a DFlash K=15 step of an 8B "
+        "shape 5.83 vs 5.92-6.07 ms, SmolLM2 chat +5-18%% tokens/s).",
     )
     e.add_argument(
         "--load-format",

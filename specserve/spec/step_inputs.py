@@ -82,7 +82,9 @@ def async_step_inputs_ref(
     ids, pos, slots [n*q] int64, seq [n] int32, and num_draft, budget, first [n] int64: n_acc = min(n_match,
     num_draft); the block is [bonus, the drafts] at first + n_acc + 1; num_draft = the real drafts capped by
     budget - n_acc (0 when none); budget - n_acc - 1; slots -1 past the drafts or where the table has no block."""
-    q, mb = k + 1, bt.shape[1]
+    q, mb, n = k + 1, bt.shape[1], prev_packed.shape[0]
+    if any(t.shape != (n,) for t in (prev_num_draft, prev_budget, prev_first)) or bt.shape[0] != n:
+        raise ValueError(f"num_draft, budget, first and bt must have one row per request [{n}]")
     cols = torch.arange(q, device=prev_packed.device)
     n_acc = torch.minimum(prev_packed[:, q].clamp(0, k), prev_num_draft)
     bonus = prev_packed.gather(1, n_acc[:, None])
