@@ -44,9 +44,10 @@ def _llm(model: str, dflash: str, k: int, async_on: bool, method: str = "dflash"
     return llm
 
 
-def _run(llm: LLM, prompts, params, on_step=None) -> tuple[list, list]:  # type: ignore[no-untyped-def]
+def _run(llm: LLM, prompts, params, on_step=None, marks=None) -> tuple[list, list]:  # type: ignore[no-untyped-def]
     """Add everything up front, step to the end: per step what each output said, and every (num_draft,
-    num_accepted) observed, in order."""
+    num_accepted) observed, in order; ``marks`` (a list) gets the number observed before each step and at the
+    end."""
     eng = llm.engine
     observed: list[tuple[int, int]] = []
     observe = eng.spec_stats.observe
@@ -64,6 +65,8 @@ def _run(llm: LLM, prompts, params, on_step=None) -> tuple[list, list]:  # type:
         while eng.has_unfinished_requests():
             if on_step is not None:
                 on_step(eng, n)
+            if marks is not None:
+                marks.append(len(observed))
             outs = eng.step()
             n += 1
             trace.append(
@@ -78,6 +81,8 @@ def _run(llm: LLM, prompts, params, on_step=None) -> tuple[list, list]:  # type:
             )
     finally:
         del eng.spec_stats.observe
+    if marks is not None:
+        marks.append(len(observed))
     return trace, observed
 
 
@@ -118,7 +123,7 @@ def test_identical_to_sync(k, batch, often_qwen3_dir, dflash_dir):
     assert 0 in accepted and len(accepted) >= 4
     if k == 4 and batch == 3:
         assert accepted == set(range(k + 1))  # every acceptance length
-    # drafts shortened by the budget near the end (after the pipeline drained) are verified too
+    # drafts shortened by the budget near the end are verified too
     assert any(0 < nd < k for nd, _ in obs_want)
 
 
@@ -183,6 +188,43 @@ def test_stops_and_different_lengths(often_qwen3_dir, dflash_dir):
     assert finals["0"][2] == "stop" and finals["0"][3] == stop_tok and first > 10
     assert finals["1"][2] == "stop" and finals["1"][3] == stop_str
     assert finals["2"][2] == "length"
+
+
+@pytest.mark.parametrize("method", ["dflash", "eagle3"])
+def test_pipelined_up_to_the_end(method, often_qwen3_dir, dflash_dir, tmp_path):
+    """The pipeline runs until a request is within one step (K+1 tokens) of its max_tokens: the steps that verify
+    drafts cut by the draft budget (max_tokens near) are pipelined too, their num_draft / budget derived on the
+    device; step for step the same as the synchronous engine, and no step is launched for a request that its
+    in-flight step could finish by length (no wasted, empty engine step)."""
+    from drafters import make_eagle3
+
+    k = 4
+    drafter = dflash_dir if method == "dflash" else make_eagle3(tmp_path / "eagle", 64, 4, VOCAB)
+    sync = _llm(often_qwen3_dir, drafter, k, False, method=method)
+    asy = _llm(often_qwen3_dir, drafter, k, True, method=method)
+    # one request at a time (with several, the first to near its end drains the pipeline for all); lengths at
+    # which this tiny model's drafts get cut in a pipelined step (found by a sweep of 24-47 over two prompts)
+    cut_pipelined = 0
+    for n in (30, 34, 35, 46):
+        params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)]
+        for prompt in PROMPTS[:1]:
+            want, obs_want = _run(sync, [prompt], params)
+            marks: list[int] = []
+            launched: list[int] = []
+
+            def on_step(e, i, launched=launched):  # type: ignore[no-untyped-def]
+                launched.append(e.runner.num_async_spec_steps)
+
+            got, obs_got = _run(asy, [prompt], params, on_step, marks)
+            assert got == want and obs_got == obs_want
+            assert all(step for step in got)  # every engine step returned something
+            launched.append(asy.engine.runner.num_async_spec_steps)
+            # engine step i launches a pipelined step when the counter grows during it; step i + 1 collects it
+            for i in range(len(launched) - 2):
+                if launched[i + 1] > launched[i]:
+                    cut_pipelined += sum(0 < nd < k for nd, _ in obs_got[marks[i + 1] : marks[i + 2]])
+    _check_metrics(sync, asy)
+    assert cut_pipelined >= 1
 
 
 @pytest.mark.parametrize("victim", ["0", "1", "2"])

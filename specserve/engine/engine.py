@@ -415,10 +415,13 @@ class LLMEngine:
     def _schedule_next_spec(self, step: InflightSpec) -> list[ScheduledRequest] | None:
         """Step N+1 while N is in flight, or None (drain). The running requests are N's minus those that
         finished since N was launched (their N output is discarded); their confirmed state is N's start. Drain
-        when someone waits for admission, a running request was not in N, a request could finish by length
-        within N and N+1 (or its drafts could be cut by the draft budget), or blocks run out (no preemption with
-        a step in flight). Blocks are allocated for the worst case: N and N+1 accept everything (2(K+1) tokens)
-        and N+1's drafter query block writes K+1 more slots."""
+        when someone waits for admission, a running request was not in N, N could finish a request by length
+        (it yields up to K+1 tokens: N+1 would be wasted), a request nears the context cap (3(K+1) slots), or
+        blocks run out (no preemption with a step in flight). Drafts cut by the draft budget near max_tokens are
+        fine: N+1's num_draft and budget are derived on the device as the host would (``launch_spec``; until
+        session 18 the pipeline drained 3(K+1) tokens before max_tokens, a third of a 128-token answer at K=15).
+        Blocks are allocated for the worst case: N and N+1 accept everything (2(K+1) tokens) and N+1's drafter
+        query block writes K+1 more slots."""
         sch, runner = self.scheduler, self.runner
         if not sch.running or (sch.waiting and len(sch.running) < sch.max_num_seqs):
             return None
@@ -428,7 +431,7 @@ class LLMEngine:
         q = self.num_spec + 1
         cap = min(self.max_model_len, runner.draft_max_model_len)
         for r in sch.running:
-            if r.num_output_tokens + 3 * q + 1 >= r.max_tokens or r.num_tokens + 3 * q + 1 >= cap:
+            if r.num_output_tokens + q + 1 >= r.max_tokens or r.num_tokens + 3 * q + 1 >= cap:
                 return None
         if len(sch.running) * q > sch.max_num_batched_tokens:
             return None
