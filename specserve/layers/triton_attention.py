@@ -284,7 +284,7 @@ def _paged_attn_kernel(
     R_PAD: tl.constexpr = 1,
     QK_NORM: tl.constexpr = False,
     MODE: tl.constexpr = 0,
-    NSPLIT: tl.constexpr = 1,
+    NSPLIT: tl.constexpr = 0,
 ):
     _pdl_wait(PDL)
     b = tl.program_id(0)
@@ -893,7 +893,7 @@ def _attention(
         )  # fmt: skip
         rope_const = dict(
             ROPE=True, NUM_HEADS=h, NUM_KV_HEADS=hk, R_PAD=max(2, triton.next_power_of_2(cfg.queries_per_tile)),
-            QK_NORM=qk_norm, MODE=_mode(dtype), NSPLIT=rope.partials.shape[0] if rope.partials is not None else 1,
+            QK_NORM=qk_norm, MODE=_mode(dtype), NSPLIT=rope.partials.shape[0] if rope.partials is not None else 0,
         )  # fmt: skip
 
     grid = (b, hk, q_tiles * num_splits)

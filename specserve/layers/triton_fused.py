@@ -157,7 +157,7 @@ def _rms_norm_kernel(
     offs = tl.arange(0, BLOCK)
     mask = offs < n_cols
     x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
-    if NSPLIT > 1:  # x: a split-K GEMM's fp32 partial outputs, summed here and rounded as the GEMM's output
+    if NSPLIT > 0:  # x: a split-K GEMM's fp32 partial outputs, summed here and rounded as the GEMM's output
         for s in tl.static_range(1, NSPLIT):
             x += tl.load(x_ptr + s * stride_xs + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
         x = _round(x, MODE)
@@ -201,7 +201,7 @@ def _launch_rms_norm(
     else:
         r2 = res_out = x2  # unused
     rows = x2.shape[0]
-    src, stride_src, stride_split, nsplit = x2, x2.stride(0), 0, 1
+    src, stride_src, stride_split, nsplit = x2, x2.stride(0), 0, 0  # 0: x itself, not partials
     if partials is not None:
         if partials.dim() != x.dim() + 1 or tuple(partials.shape[1:]) != tuple(x.shape):
             raise ValueError(f"partials must be [S, {tuple(x.shape)}]; got {tuple(partials.shape)}")
@@ -273,7 +273,7 @@ def _load_qkv(ptrs, mask, stride_split, NSPLIT: tl.constexpr, MODE: tl.constexpr
     """A qkv tile in fp32: the GEMM output, or the sum of a split-K GEMM's NSPLIT fp32 partials rounded to the
     model dtype (what one GEMM returns, up to its accumulation order)."""
     x = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
-    if NSPLIT > 1:
+    if NSPLIT > 0:  # 0: the GEMM output itself
         for s in tl.static_range(1, NSPLIT):
             x += tl.load(ptrs + s * stride_split, mask=mask, other=0.0).to(tl.float32)
         x = _round(x, MODE)
@@ -447,7 +447,7 @@ def check_rope_store_args(
     # with partials, qkv is only the template of the GEMM output: its strides do not matter
     if qkv.dim() != 2 or qkv.shape[1] != width or (partials is None and qkv.stride(1) != 1):
         raise ValueError(f"qkv must be [T, {width}] with contiguous rows; got {tuple(qkv.shape)}")
-    src, stride_split, nsplit = qkv, 0, 1
+    src, stride_split, nsplit = qkv, 0, 0  # 0: the GEMM output, not partials
     if partials is not None:
         if partials.dim() != 3 or tuple(partials.shape[1:]) != tuple(qkv.shape) or partials.stride(2) != 1:
             raise ValueError(

@@ -25,6 +25,12 @@ things here attack that gap:
   the engine uses it from :data:`GATE_UP_MIN_ROWS` rows). One row runs on the CUDA cores (a [BLOCK_K, BLOCK_N]
   weight tile against a broadcast row); 2-16 rows on the tensor cores (``tl.dot`` with the rows padded to 16).
 
+Two more forms fold the add + RMSNorms in (session 19, ``SPECSERVE_FUSED_NORM``, models/llama.py): :func:`splitk_add`
+ends o_proj / down_proj with the residual add (the last program of each output block to arrive, by an int32 arrival
+counter, sums the partials, adds the residual and writes the block's sums of squares), and a :class:`NormIn` prologue
+lets qkv / gate_up normalise their input from those sums. H200, Qwen3-8B shape: the epilogue saves ~1.5% of a one-row
+decode step (on by default there) and costs at 16 rows; the prologue measured slower (benchmarks/README.md).
+
 Weights: a large target's transposed [K, N] ``weight_t`` (TransposedLinear), or a small target's nn.Linear weight
 passed as the view ``weight.t()`` (K contiguous; :func:`layout_of`, own default tiles). Small targets run their
 2-16-row steps here (speculative verify, the DFlash drafter's block, batched decode); their one-row decode stays on
@@ -47,6 +53,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import triton
@@ -58,8 +65,11 @@ __all__ = [
     "GemmTile",
     "fits",
     "gate_up_min_rows",
+    "AddOut",
+    "NormIn",
     "gate_up_silu",
     "layout_of",
+    "splitk_add",
     "splitk_partials",
     "tile_for",
 ]
@@ -171,6 +181,119 @@ def _mac(acc, x, w, USE_DOT: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.c
 
 
 @triton.jit
+def _rstd(ssq_ptr, offs_m, mask_m, stride_qm, eps, K_TOTAL: tl.constexpr, NB_IN: tl.constexpr,
+          NB_IN_BLOCK: tl.constexpr):  # fmt: skip
+    """1 / rms of each row from the ``NB_IN`` block sums of squares the producing GEMM's epilogue wrote."""
+    offs_b = tl.arange(0, NB_IN_BLOCK)
+    parts = tl.load(
+        ssq_ptr + offs_m[:, None] * stride_qm + offs_b[None, :],
+        mask=mask_m[:, None] & (offs_b[None, :] < NB_IN),
+        other=0.0,
+    )
+    return tl.math.rsqrt(tl.sum(parts, axis=1) / K_TOTAL + eps)
+
+
+@triton.jit
+def _norm_prologue(
+    x_ptr,
+    scratch_ptr,
+    ssq_ptr,
+    norm_ptr,
+    eps,
+    offs_m,
+    mask_m,
+    k_begin,
+    stride_xm,
+    stride_sm,
+    stride_qm,
+    K_SPLIT: tl.constexpr,
+    K_TOTAL: tl.constexpr,
+    NB_IN: tl.constexpr,
+    NB_IN_BLOCK: tl.constexpr,
+    PRO_K: tl.constexpr,
+    MODE: tl.constexpr,
+):
+    """RMSNorm of the residual-stream rows ``x`` [M, K] over this program's K slice, into ``scratch`` [M, K]: the
+    row's sum of squares is the sum of the ``NB_IN`` block sums the producing GEMM's epilogue wrote (``ssq``), then
+    ``round(w * round(x * rsqrt(ssq / K + eps)))`` as ``_rms_norm_kernel`` rounds it. Every program of the slice
+    writes the same values (programs of one K slice differ only in their N block), and a CTA barrier orders this
+    program's stores before its own loads of them in the GEMM loop."""
+    rstd = _rstd(ssq_ptr, offs_m, mask_m, stride_qm, eps, K_TOTAL, NB_IN, NB_IN_BLOCK)
+    for k0 in tl.static_range(
+        0, K_SPLIT, PRO_K
+    ):  # wide chunks (the whole slice at one row): few L2 round trips
+        offs_k = k_begin + k0 + tl.arange(0, PRO_K)
+        h = tl.load(
+            x_ptr + offs_m[:, None].to(tl.int64) * stride_xm + offs_k[None, :],
+            mask=mask_m[:, None],
+            other=0.0,
+        )
+        w = tl.load(norm_ptr + offs_k).to(tl.float32)
+        y = _round(w[None, :] * _round(h.to(tl.float32) * rstd[:, None], MODE), MODE)
+        tl.store(
+            scratch_ptr + offs_m[:, None].to(tl.int64) * stride_sm + offs_k[None, :],
+            y.to(scratch_ptr.dtype.element_ty),
+            mask=mask_m[:, None],
+        )
+    tl.debug_barrier()
+
+
+@triton.jit
+def _add_epilogue(
+    acc,
+    out_ptr,
+    res_ptr,
+    res_out_ptr,
+    ssq_out_ptr,
+    counter_ptr,
+    offs_m,
+    mask_m,
+    offs_n,
+    pid_n,
+    stride_os,
+    stride_om,
+    stride_rm,
+    stride_ro,
+    stride_qo,
+    SPLITS: tl.constexpr,
+    MODE: tl.constexpr,
+):
+    """After the program stored its partial: the last program of this N block to arrive (an int32 arrival counter,
+    acq_rel after a CTA barrier, reset to 0 for the next launch) sums the ``SPLITS`` partials in split order,
+    rounds them as the GEMM output, adds the residual (``h = h + x`` in the model dtype), stores h and the block's
+    sum of squares of h per row (the next GEMM's RMSNorm prologue adds the blocks in a fixed order: no atomics on
+    values, so results are deterministic)."""
+    if SPLITS == 1:
+        _finish_add(acc, res_ptr, res_out_ptr, ssq_out_ptr, offs_m, mask_m, offs_n, pid_n, stride_rm, stride_ro,
+                    stride_qo, MODE)  # fmt: skip
+    else:
+        tl.debug_barrier()  # every thread's partial stores before the (gpu-scope) release of the atomic
+        cnt = tl.atomic_add(counter_ptr + pid_n, 1, sem="acq_rel")
+        if cnt == SPLITS - 1:
+            tl.atomic_xchg(counter_ptr + pid_n, 0, sem="relaxed")
+            p_ptrs = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :]
+            x = tl.load(p_ptrs, mask=mask_m[:, None], other=0.0, cache_modifier=".cg")
+            for s in tl.static_range(1, SPLITS):
+                x += tl.load(p_ptrs + s * stride_os, mask=mask_m[:, None], other=0.0, cache_modifier=".cg")
+            _finish_add(x, res_ptr, res_out_ptr, ssq_out_ptr, offs_m, mask_m, offs_n, pid_n, stride_rm, stride_ro,
+                        stride_qo, MODE)  # fmt: skip
+
+
+@triton.jit
+def _finish_add(x, res_ptr, res_out_ptr, ssq_out_ptr, offs_m, mask_m, offs_n, pid_n, stride_rm, stride_ro, stride_qo,
+                MODE: tl.constexpr):  # fmt: skip
+    x = _round(x, MODE)  # the GEMM output in the model dtype
+    r = tl.load(res_ptr + offs_m[:, None] * stride_rm + offs_n[None, :], mask=mask_m[:, None], other=0.0)
+    h = _round(x + r.to(tl.float32), MODE)  # h = h + x in the model dtype
+    tl.store(
+        res_out_ptr + offs_m[:, None] * stride_ro + offs_n[None, :],
+        h.to(res_out_ptr.dtype.element_ty),
+        mask=mask_m[:, None],
+    )
+    tl.store(ssq_out_ptr + offs_m * stride_qo + pid_n, tl.sum(h * h, axis=1), mask=mask_m)
+
+
+@triton.jit
 def _splitk_gemm_kernel(
     x_ptr,
     w_ptr,
@@ -181,6 +304,19 @@ def _splitk_gemm_kernel(
     stride_wn,
     stride_os,
     stride_om,
+    scratch_ptr,
+    ssq_ptr,
+    norm_ptr,
+    eps,
+    stride_sm,
+    stride_qm,
+    res_ptr,
+    res_out_ptr,
+    ssq_out_ptr,
+    counter_ptr,
+    stride_rm,
+    stride_ro,
+    stride_qo,
     N: tl.constexpr,
     K_SPLIT: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -194,17 +330,29 @@ def _splitk_gemm_kernel(
     GATE_UP: tl.constexpr,
     MODE: tl.constexpr,
     PDL: tl.constexpr,
+    NORM_IN: tl.constexpr = False,
+    PRO_K: tl.constexpr = 16,
+    K_TOTAL: tl.constexpr = 1,
+    NB_IN: tl.constexpr = 1,
+    NB_IN_BLOCK: tl.constexpr = 1,
+    EPI_ADD: tl.constexpr = False,
+    SPLITS: tl.constexpr = 1,
 ):
     """Program (n block, k split): acc = x[:, slice] @ w[slice, n block]. GATE_UP: w holds [gate | up] (2N columns)
     and the program also accumulates the up columns, storing round(silu(round(g)) * round(u)); else acc is stored
-    as fp32 partial ``pid_s``."""
+    as fp32 partial ``pid_s``. NORM_IN: x is the residual stream and the GEMM's input its RMSNorm
+    (:func:`_norm_prologue`, written to ``scratch`` first); EPI_ADD: the last program of each N block also stores
+    residual + the product and its per-row sums of squares (:func:`_add_epilogue`)."""
     pid_n = tl.program_id(0)
     pid_s = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)
     mask_m = offs_m < M
     k_begin = pid_s * K_SPLIT
-    x_rows = x_ptr + offs_m[:, None].to(tl.int64) * stride_xm
+    if NORM_IN:
+        x_rows = scratch_ptr + offs_m[:, None].to(tl.int64) * stride_sm
+    else:
+        x_rows = x_ptr + offs_m[:, None].to(tl.int64) * stride_xm
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     if PRE_K > 0:  # the first PRE_K weight rows of the slice into registers while the predecessor still runs
@@ -214,12 +362,18 @@ def _splitk_gemm_kernel(
         if GATE_UP:
             wpu = tl.load(wp_ptrs + N * stride_wn)
         _pdl_wait(PDL)
+        if NORM_IN:
+            _norm_prologue(x_ptr, scratch_ptr, ssq_ptr, norm_ptr, eps, offs_m, mask_m, k_begin, stride_xm,
+                           stride_sm, stride_qm, K_SPLIT, K_TOTAL, NB_IN, NB_IN_BLOCK, PRO_K, MODE)  # fmt: skip
         xp = tl.load(x_rows + offs_p[None, :], mask=mask_m[:, None], other=0.0)
         acc = _mac(acc, xp, wp, USE_DOT, PRECISION, UPCAST)
         if GATE_UP:
             acc_u = _mac(acc_u, xp, wpu, USE_DOT, PRECISION, UPCAST)
     else:
         _pdl_wait(PDL)
+        if NORM_IN:
+            _norm_prologue(x_ptr, scratch_ptr, ssq_ptr, norm_ptr, eps, offs_m, mask_m, k_begin, stride_xm,
+                           stride_sm, stride_qm, K_SPLIT, K_TOTAL, NB_IN, NB_IN_BLOCK, PRO_K, MODE)  # fmt: skip
     for k0 in tl.range(k_begin + PRE_K, k_begin + K_SPLIT, BLOCK_K, num_stages=NUM_STAGES):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         x = tl.load(x_rows + offs_k[None, :], mask=mask_m[:, None], other=0.0)
@@ -239,6 +393,27 @@ def _splitk_gemm_kernel(
     else:
         o_ptrs = out_ptr + pid_s * stride_os + offs_m[:, None] * stride_om + offs_n[None, :]
         tl.store(o_ptrs, acc, mask=mask_m[:, None])
+        if EPI_ADD:
+            _add_epilogue(acc, out_ptr, res_ptr, res_out_ptr, ssq_out_ptr, counter_ptr, offs_m, mask_m, offs_n,
+                          pid_n, stride_os, stride_om, stride_rm, stride_ro, stride_qo, SPLITS, MODE)  # fmt: skip
+
+
+class NormIn(NamedTuple):
+    """The RMSNorm a GEMM applies to its input rows (the residual stream) in its prologue: ``ssq`` [M, NB] fp32,
+    the per-block sums of squares of the rows that :func:`splitk_add` wrote beside them, and the norm's
+    ``weight`` [K] (the rows' dtype) and ``eps``."""
+
+    ssq: torch.Tensor
+    weight: torch.Tensor
+    eps: float
+
+
+class AddOut(NamedTuple):
+    """:func:`splitk_add`'s result: ``h`` = residual + x @ W [M, N] (the model dtype) and ``ssq`` [M, N / BLOCK_N]
+    fp32, the sums of squares of h per row and N block (what a following :class:`NormIn` takes)."""
+
+    h: torch.Tensor
+    ssq: torch.Tensor
 
 
 def _launch(
@@ -249,7 +424,10 @@ def _launch(
     splits: int,
     tile: GemmTile,
     gate_up: bool,
+    norm: NormIn | None = None,
+    add: tuple[torch.Tensor, AddOut] | None = None,
 ) -> None:
+    """``norm``: the RMSNorm prologue; ``add``: (residual, outputs) of the residual-add epilogue."""
     m, k = x.shape
     if not _tile_fits(k, n, splits, tile):
         raise ValueError(
@@ -257,7 +435,18 @@ def _launch(
             f"{tile.pre} rows) and N={n} be a multiple of {tile.block_n}"
         )
     k_split = k // splits
-    use_dot = m > 1
+    use_dot = m > 1  # one row on the CUDA cores (the tensor-core form measured slower there: session 19)
+    scratch = ssq = norm_w = res = res_out = ssq_out = counters = x  # unused pointer arguments
+    eps, nb_in, stride_sm, stride_qm, stride_rm, stride_ro, stride_qo = 0.0, 1, 0, 0, 0, 0, 0
+    if norm is not None:
+        ssq, norm_w, eps, nb_in = norm.ssq, norm.weight, float(norm.eps), norm.ssq.shape[1]
+        scratch = torch.empty_like(x, memory_format=torch.contiguous_format)
+        stride_sm, stride_qm = scratch.stride(0), ssq.stride(0)
+    if add is not None:
+        res, outs = add
+        res_out, ssq_out = outs
+        counters = _arrival_counters(x.device, n // tile.block_n)
+        stride_rm, stride_ro, stride_qo = res.stride(0), res_out.stride(0), ssq_out.stride(0)
     pdl, pdl_kw = pdl_launch(x.device)
     _splitk_gemm_kernel[(n // tile.block_n, splits)](
         x,
@@ -269,6 +458,19 @@ def _launch(
         weight_t.stride(1),
         out.stride(0) if not gate_up else 0,
         out.stride(-2),
+        scratch,
+        ssq,
+        norm_w,
+        eps,
+        stride_sm,
+        stride_qm,
+        res,
+        res_out,
+        ssq_out,
+        counters,
+        stride_rm,
+        stride_ro,
+        stride_qo,
         N=n,
         K_SPLIT=k_split,
         BLOCK_M=16 if use_dot else 1,
@@ -282,9 +484,35 @@ def _launch(
         GATE_UP=gate_up,
         MODE=_mode(x.dtype),
         PDL=pdl,
+        NORM_IN=norm is not None,
+        PRO_K=_prologue_chunk(k_split, 4096 // (16 if use_dot else 1)),
+        K_TOTAL=k,
+        NB_IN=nb_in,
+        NB_IN_BLOCK=triton.next_power_of_2(nb_in),
+        EPI_ADD=add is not None,
+        SPLITS=splits,
         num_warps=tile.warps,
         **pdl_kw,
     )
+
+
+def _prologue_chunk(k_split: int, cap: int) -> int:
+    """The norm prologue's chunk: the largest power of 2 dividing ``k_split`` and at most ``cap`` elements a row
+    (the whole slice of a one-row step in one load)."""
+    chunk = k_split & -k_split  # largest power-of-2 divisor
+    while chunk > cap:
+        chunk //= 2
+    return chunk
+
+
+def _arrival_counters(device: torch.device, n: int) -> torch.Tensor:
+    """Zeroed int32 arrival counters for the residual-add epilogue: the persistent per-device buffer of the
+    attention's fused split merge (:func:`specserve.layers.triton_attention._merge_counters`), which every launch
+    leaves at 0 again; the kernels that use it run one after another on one stream (each waits for its predecessor
+    before touching it)."""
+    from specserve.layers.triton_attention import _merge_counters
+
+    return _merge_counters(device, n)
 
 
 def fits(name: str, k: int, n: int, splits: int, layout: str = "kn") -> bool:
@@ -319,24 +547,74 @@ def _check(x: torch.Tensor, weight_t: torch.Tensor) -> None:
         raise ValueError(f"Triton GEMM: 1-{MAX_ROWS} rows, got {x.shape[0]}")
 
 
-def splitk_partials(x: torch.Tensor, weight_t: torch.Tensor, splits: int, name: str) -> torch.Tensor:
+def _check_norm(x: torch.Tensor, norm: NormIn | None) -> None:
+    if norm is None:
+        return
+    if norm.weight.shape != (x.shape[1],) or norm.weight.dtype != x.dtype:
+        raise ValueError(
+            f"RMSNorm prologue: weight must be [{x.shape[1]}] in {x.dtype}; got {tuple(norm.weight.shape)} "
+            f"{norm.weight.dtype}"
+        )
+    if norm.ssq.dim() != 2 or norm.ssq.shape[0] != x.shape[0] or norm.ssq.dtype != torch.float32:
+        raise ValueError(
+            f"RMSNorm prologue: ssq must be fp32 [{x.shape[0]}, NB]; got {tuple(norm.ssq.shape)}"
+        )
+    if x.stride(1) != 1 or norm.ssq.stride(1) != 1:
+        raise ValueError("RMSNorm prologue: rows and ssq must be contiguous in their last dimension")
+
+
+def splitk_partials(
+    x: torch.Tensor, weight_t: torch.Tensor, splits: int, name: str, norm: NormIn | None = None
+) -> torch.Tensor:
     """``x`` [M, K] @ ``weight_t`` [K, N] as ``splits`` fp32 partials [S, M, N] over equal K slices (their sum,
     rounded to x's dtype, is the product up to the accumulation order); ``name`` picks the tile (:func:`tile_for`,
-    by the weight's layout: a TransposedLinear's ``weight_t`` or an nn.Linear's ``weight.t()``)."""
+    by the weight's layout: a TransposedLinear's ``weight_t`` or an nn.Linear's ``weight.t()``). ``norm``: x is the
+    residual stream and the product is RMSNorm(x) @ W (:class:`NormIn`)."""
     _check(x, weight_t)
+    _check_norm(x, norm)
     n = weight_t.shape[1]
     out = torch.empty((splits, x.shape[0], n), dtype=torch.float32, device=x.device)
-    _launch(x, weight_t, out, n, splits, tile_for(name, x.shape[0], layout_of(weight_t)), gate_up=False)
+    _launch(x, weight_t, out, n, splits, tile_for(name, x.shape[0], layout_of(weight_t)), False, norm)
     return out
 
 
-def gate_up_silu(x: torch.Tensor, weight_t: torch.Tensor, intermediate: int) -> torch.Tensor:
-    """``silu(gate) * up`` for ``gate, up = (x @ weight_t).split(intermediate, -1)`` in one kernel: [M, I] in x's
-    dtype (the fused gate_up GEMM followed by ``silu_mul``, up to the accumulation order)."""
+def splitk_add(
+    x: torch.Tensor, weight_t: torch.Tensor, splits: int, name: str, residual: torch.Tensor
+) -> AddOut:
+    """``h = residual + x @ weight_t`` (the product rounded to x's dtype, then the add in it: the torch path's
+    ``h = h + proj(x)``) in one kernel: the split-K partials are summed by the last program of each N block to
+    finish, which also writes h's per-row sums of squares per block (the next RMSNorm's statistics, for a
+    :class:`NormIn` prologue). No add + RMSNorm kernel."""
     _check(x, weight_t)
+    n = weight_t.shape[1]
+    if residual.shape != (x.shape[0], n) or residual.dtype != x.dtype or residual.stride(1) != 1:
+        raise ValueError(
+            f"residual must be [{x.shape[0]}, {n}] in {x.dtype}, rows contiguous; got {tuple(residual.shape)} "
+            f"{residual.dtype}"
+        )
+    tile = tile_for(name, x.shape[0], layout_of(weight_t))
+    if n % tile.block_n:
+        raise ValueError(f"Triton GEMM: N={n} must be a multiple of {tile.block_n}")
+    out = torch.empty((splits, x.shape[0], n), dtype=torch.float32, device=x.device)
+    res = AddOut(
+        torch.empty((x.shape[0], n), dtype=x.dtype, device=x.device),
+        torch.empty((x.shape[0], n // tile.block_n), dtype=torch.float32, device=x.device),
+    )
+    _launch(x, weight_t, out, n, splits, tile, False, None, (residual, res))
+    return res
+
+
+def gate_up_silu(
+    x: torch.Tensor, weight_t: torch.Tensor, intermediate: int, norm: NormIn | None = None
+) -> torch.Tensor:
+    """``silu(gate) * up`` for ``gate, up = (x @ weight_t).split(intermediate, -1)`` in one kernel: [M, I] in x's
+    dtype (the fused gate_up GEMM followed by ``silu_mul``, up to the accumulation order). ``norm``: of
+    RMSNorm(x) (:class:`NormIn`)."""
+    _check(x, weight_t)
+    _check_norm(x, norm)
     if weight_t.shape[1] != 2 * intermediate:
         raise ValueError(f"gate_up weight must be [K, {2 * intermediate}]; got {tuple(weight_t.shape)}")
     out = torch.empty((x.shape[0], intermediate), dtype=x.dtype, device=x.device)
     tile = tile_for("gate_up", x.shape[0], layout_of(weight_t))
-    _launch(x, weight_t, out, intermediate, 1, tile, gate_up=True)
+    _launch(x, weight_t, out, intermediate, 1, tile, True, norm)
     return out

@@ -12,6 +12,7 @@ carried beside the hidden state (vLLM style), ~9 launches per layer instead of ~
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Iterable
 from typing import cast
 
@@ -243,6 +244,14 @@ def run_layers_fused(
         run_layer = functools.partial(
             _layer_fused_split, splits=split_gemm, triton_gemm=triton_gemm, fused_gate_up=fused_gate_up
         )
+    if (
+        split_gemm
+        and triton_gemm
+        and run_layer is not _layer_gemv
+        and h.shape[0] <= SPLIT_MAX_ROWS
+        and _fused_norm_fits(layers, split_gemm, h)
+    ):
+        return _run_layers_fused_norm(layers, h, positions, meta, caches, backend, norm, want, split_gemm)
     x, residual = h, None
     for i, mod in enumerate(layers):
         x, entering, residual = run_layer(
@@ -257,6 +266,97 @@ def run_layers_fused(
 
 
 LayerOut = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+
+FUSED_NORM_ENV = "SPECSERVE_FUSED_NORM"
+
+
+def fused_norm_mode(rows: int) -> int:
+    """How a Triton split-K step of ``rows`` rows folds the add + RMSNorms into the GEMMs (``SPECSERVE_FUSED_NORM``,
+    read per forward, i.e. per graph capture): 0 not at all; 1 o_proj and down_proj end with the residual add
+    (``splitk_add``) and the norms are ``rms_norm`` kernels on the finished rows; 2 as 1, and qkv (and the Triton
+    gate_up + SiLU-mul) start with the norm computed from the epilogue's sums of squares (``NormIn``); ``auto``
+    (default) 1 for one-row steps, else 0. H200, Qwen3-8B shape (session 19, benchmarks/README.md): mode 1 a batch-1
+    decode step 4.439 -> 4.374 ms, 4 rows 4.400 -> 4.544, the 16-row DFlash K=15 step 5.819 -> 6.055; mode 2 slower
+    everywhere (the prologue's L2 round trip before the weight stream). See :func:`_run_layers_fused_norm`."""
+    v = os.environ.get(FUSED_NORM_ENV, "").strip() or "auto"
+    if v not in ("0", "1", "2", "auto"):
+        raise ValueError(f"{FUSED_NORM_ENV} must be 0, 1, 2 or auto, got {v!r}")
+    if v == "auto":
+        return 1 if rows == 1 else 0
+    return int(v)
+
+
+def _fused_norm_fits(layers: nn.ModuleList, splits: dict[str, int], h: torch.Tensor) -> bool:
+    if not fused_norm_mode(h.shape[0]) or not len(layers) or not {"qkv", "o", "down"} <= splits.keys():
+        return False
+    layer = cast(DecoderLayer, layers[0])
+    attn = layer.self_attn
+    return (
+        attn.qkv_proj.bias is None
+        and attn.o_proj.bias is None
+        and layer.input_layernorm.weight.dtype == h.dtype
+        and layer.post_attention_layernorm.weight.dtype == h.dtype
+    )
+
+
+def _run_layers_fused_norm(
+    layers: nn.ModuleList,
+    h: torch.Tensor,
+    positions: torch.Tensor,
+    meta: AttnMetadata,
+    caches: list[KVCache],
+    backend: AttentionBackend,
+    norm: RMSNorm,
+    want: set[int],
+    splits: dict[str, int],
+) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+    """:func:`run_layers_fused` with the residual adds in the GEMMs (``SPECSERVE_FUSED_NORM=1|2``; Triton split-K
+    GEMMs, 1-16 rows): o_proj and down_proj end with the residual add (the last program of each output block sums
+    the split-K partials, adds the residual and writes the block's sums of squares: ``splitk_add``), so no kernel
+    reads fp32 partials and the residual stream is finished when the GEMM ends. Mode 1: the RMSNorms are
+    ``rms_norm`` kernels on those rows; mode 2: qkv (and the Triton gate_up + SiLU-mul, from ``gate_up_min_rows``)
+    compute the norm in their prologue from the sums of squares (``NormIn``; the first layer's input norm stays a
+    kernel). Same rounding points as the other paths; the norms' sums of squares add in another order (fp32)."""
+    from specserve.layers.triton_fused import rms_norm, silu_mul
+    from specserve.layers.triton_splitk import (
+        NormIn,
+        gate_up_min_rows,
+        gate_up_silu,
+        splitk_add,
+        splitk_partials,
+    )
+
+    prologue = fused_norm_mode(h.shape[0]) == 2
+    triton_gate_up = h.shape[0] >= gate_up_min_rows()
+    taps: dict[int, torch.Tensor] = {}
+    entering, ssq = h, None
+    for i, mod in enumerate(layers):
+        layer = cast(DecoderLayer, mod)
+        attn, mlp = layer.self_attn, layer.mlp
+        if i in want:
+            taps[i] = entering
+        ln, pn = layer.input_layernorm, layer.post_attention_layernorm
+        w_qkv = _kn_weight(attn.qkv_proj)
+        if prologue and ssq is not None:
+            parts = splitk_partials(entering, w_qkv, splits["qkv"], "qkv", NormIn(ssq, ln.weight, ln.eps))
+        else:  # (the embeddings have no sums of squares)
+            parts = splitk_partials(rms_norm(entering, ln.weight, ln.eps), w_qkv, splits["qkv"], "qkv")
+        like = torch.empty(1, dtype=h.dtype, device=h.device).expand(h.shape[0], parts.shape[-1])
+        a = attn.rope_attend(like, positions, meta, caches[i], backend, partials=parts)
+        after_attn, ssq = splitk_add(a, _kn_weight(attn.o_proj), splits["o"], "o", entering)
+        if prologue and triton_gate_up:
+            nin = NormIn(ssq, pn.weight, pn.eps)
+            s = gate_up_silu(after_attn, _kn_weight(mlp.gate_up_proj), mlp.intermediate, nin)
+        elif triton_gate_up:
+            s = gate_up_silu(
+                rms_norm(after_attn, pn.weight, pn.eps), _kn_weight(mlp.gate_up_proj), mlp.intermediate
+            )
+        else:
+            s = silu_mul(mlp.gate_up_proj(rms_norm(after_attn, pn.weight, pn.eps)), mlp.intermediate)
+        entering, ssq = splitk_add(s, _kn_weight(mlp.down_proj), splits["down"], "down", after_attn)
+    if len(layers) in want:
+        taps[len(layers)] = entering
+    return rms_norm(entering, norm.weight, norm.eps), taps
 
 
 def _layer_fused(
