@@ -31,6 +31,8 @@ def compile_sm90(
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
+    # constexpr parameters left out take their defaults, as the JIT does
+    const = {**{p.name: p.default for p in fn.params if p.is_constexpr and p.has_default}, **const}
     sig = {
         n: ("*" + ptrs[n]) if n in ptrs else "constexpr" if n in const else "fp32" if n in floats else "i32"
         for n in fn.arg_names
