@@ -219,9 +219,8 @@ def _norm_prologue(
     writes the same values (programs of one K slice differ only in their N block), and a CTA barrier orders this
     program's stores before its own loads of them in the GEMM loop."""
     rstd = _rstd(ssq_ptr, offs_m, mask_m, stride_qm, eps, K_TOTAL, NB_IN, NB_IN_BLOCK)
-    for k0 in tl.static_range(
-        0, K_SPLIT, PRO_K
-    ):  # wide chunks (the whole slice at one row): few L2 round trips
+    # wide chunks (the whole slice at one row): few L2 round trips before the GEMM loop starts
+    for k0 in tl.static_range(0, K_SPLIT, PRO_K):
         offs_k = k_begin + k0 + tl.arange(0, PRO_K)
         h = tl.load(
             x_ptr + offs_m[:, None].to(tl.int64) * stride_xm + offs_k[None, :],
