@@ -28,6 +28,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench_attention_kernels import capture  # noqa: E402
 from step_latency import result_meta  # noqa: E402
 
 import specserve.layers.triton_attention as ta  # noqa: E402
@@ -84,16 +85,9 @@ def unfused_chain(a, entering, W, ln, pn):  # type: ignore[no-untyped-def]
 
 
 def graph_us(fn, reps: int = 20) -> float:  # type: ignore[no-untyped-def]
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    g.replay()
-    torch.cuda.synchronize()
+    """Best of 5 timings of ``reps`` replays of ``fn`` captured in a CUDA graph, us per replay."""
+    g = capture(fn)
+    g.replay()  # a warm replay before timing
     best = float("inf")
     for _ in range(5):
         e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -131,23 +125,15 @@ def main() -> int:
         gu_diff = (ts.gate_up_silu(out.h, W["gate_up"], I, nin).float() - ts.gate_up_silu(normed, W["gate_up"], I).float()).abs().max().item()  # fmt: skip
         qkv_diff = (ts.splitk_partials(out.h, W["qkv"], S, "qkv", nin) - ts.splitk_partials(normed, W["qkv"], S, "qkv")).abs().max().item()  # fmt: skip
         # 2. the chain in one graph, replayed with fresh inputs: bit-identical to eager every time
-        ssq0 = ts.splitk_add(
-            a, W["o"], S, "o", entering
-        ).ssq  # any valid sums of squares as the chain's input
+        # any valid sums of squares as the chain's input
+        ssq0 = ts.splitk_add(a, W["o"], S, "o", entering).ssq
         bufs = {"a": a.clone(), "e": entering.clone(), "q": ssq0.clone()}
         res: dict[str, object] = {}
 
         def chain() -> None:
             res["out"] = fused_chain(bufs["a"], bufs["e"], bufs["q"], W, ln, pn)
 
-        st = torch.cuda.Stream()
-        st.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(st):
-            chain()
-        torch.cuda.current_stream().wait_stream(st)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            chain()
+        g = capture(chain)
         mismatches = 0
         for _ in range(args.replays):
             bufs["a"].copy_(torch.randn(m, H, generator=gen, device="cuda").bfloat16())

@@ -236,6 +236,12 @@ def run_layers_fused(
     want = set(tap_indices)
     taps: dict[int, torch.Tensor] = {}
     run_layer = _layer_gemv if _gemv_path(layers, h) else _layer_fused
+    if split_gemm and triton_gemm and run_layer is _layer_fused and h.shape[0] <= SPLIT_MAX_ROWS:
+        mode = _fused_norm_mode_for(layers, split_gemm, h)
+        if mode:
+            return _run_layers_fused_norm(
+                layers, h, positions, meta, caches, backend, norm, want, split_gemm, mode
+            )
     if split_gemm and run_layer is _layer_fused and h.shape[0] <= SPLIT_MAX_ROWS:
         from specserve.layers.triton_splitk import gate_up_min_rows
 
@@ -244,14 +250,6 @@ def run_layers_fused(
         run_layer = functools.partial(
             _layer_fused_split, splits=split_gemm, triton_gemm=triton_gemm, fused_gate_up=fused_gate_up
         )
-    if (
-        split_gemm
-        and triton_gemm
-        and run_layer is not _layer_gemv
-        and h.shape[0] <= SPLIT_MAX_ROWS
-        and _fused_norm_fits(layers, split_gemm, h)
-    ):
-        return _run_layers_fused_norm(layers, h, positions, meta, caches, backend, norm, want, split_gemm)
     x, residual = h, None
     for i, mod in enumerate(layers):
         x, entering, residual = run_layer(
@@ -286,17 +284,20 @@ def fused_norm_mode(rows: int) -> int:
     return int(v)
 
 
-def _fused_norm_fits(layers: nn.ModuleList, splits: dict[str, int], h: torch.Tensor) -> bool:
-    if not fused_norm_mode(h.shape[0]) or not len(layers) or not {"qkv", "o", "down"} <= splits.keys():
-        return False
+def _fused_norm_mode_for(layers: nn.ModuleList, splits: dict[str, int], h: torch.Tensor) -> int:
+    """:func:`fused_norm_mode` for this step, 0 where the layers do not fit the fused-norm path."""
+    mode = fused_norm_mode(h.shape[0])
+    if not mode or not len(layers) or not {"qkv", "o", "down"} <= splits.keys():
+        return 0
     layer = cast(DecoderLayer, layers[0])
     attn = layer.self_attn
-    return (
+    fits = (
         attn.qkv_proj.bias is None
         and attn.o_proj.bias is None
         and layer.input_layernorm.weight.dtype == h.dtype
         and layer.post_attention_layernorm.weight.dtype == h.dtype
     )
+    return mode if fits else 0
 
 
 def _run_layers_fused_norm(
@@ -309,6 +310,7 @@ def _run_layers_fused_norm(
     norm: RMSNorm,
     want: set[int],
     splits: dict[str, int],
+    mode: int,
 ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
     """:func:`run_layers_fused` with the residual adds in the GEMMs (``SPECSERVE_FUSED_NORM=1|2``; Triton split-K
     GEMMs, 1-16 rows): o_proj and down_proj end with the residual add (the last program of each output block sums
@@ -326,7 +328,7 @@ def _run_layers_fused_norm(
         splitk_partials,
     )
 
-    prologue = fused_norm_mode(h.shape[0]) == 2
+    prologue = mode == 2
     triton_gate_up = h.shape[0] >= gate_up_min_rows()
     taps: dict[int, torch.Tensor] = {}
     entering, ssq = h, None
@@ -341,8 +343,7 @@ def _run_layers_fused_norm(
             parts = splitk_partials(entering, w_qkv, splits["qkv"], "qkv", NormIn(ssq, ln.weight, ln.eps))
         else:  # (the embeddings have no sums of squares)
             parts = splitk_partials(rms_norm(entering, ln.weight, ln.eps), w_qkv, splits["qkv"], "qkv")
-        like = torch.empty(1, dtype=h.dtype, device=h.device).expand(h.shape[0], parts.shape[-1])
-        a = attn.rope_attend(like, positions, meta, caches[i], backend, partials=parts)
+        a = attn.rope_attend(_output_like(h, parts), positions, meta, caches[i], backend, partials=parts)
         after_attn, ssq = splitk_add(a, _kn_weight(attn.o_proj), splits["o"], "o", entering)
         if prologue and triton_gate_up:
             nin = NormIn(ssq, pn.weight, pn.eps)
@@ -406,9 +407,7 @@ def _layer_fused_split(
     normed, entering = add_rms_norm(x, residual, layer.input_layernorm)
     if "qkv" in splits and attn.qkv_proj.bias is None:
         parts = partials(attn.qkv_proj, normed, "qkv")
-        shape = (normed.shape[0], parts.shape[-1])  # the GEMM output's shape and dtype, no storage read
-        like = torch.empty(1, dtype=normed.dtype, device=normed.device).expand(shape)
-        a = attn.rope_attend(like, positions, meta, cache, backend, partials=parts)
+        a = attn.rope_attend(_output_like(normed, parts), positions, meta, cache, backend, partials=parts)
     else:
         a = attn.rope_attend(attn.qkv_proj(normed), positions, meta, cache, backend)
     o = partials(attn.o_proj, a, "o") if "o" in splits and attn.o_proj.bias is None else attn.o_proj(a)
@@ -422,6 +421,12 @@ def _layer_fused_split(
     else:
         down = mlp.down_proj(s)
     return down, entering, after_attn
+
+
+def _output_like(x: torch.Tensor, parts: torch.Tensor) -> torch.Tensor:
+    """The split-K GEMM output's shape and dtype for rows ``x`` and partials ``parts`` [S, T, N], as a template
+    with no storage read (``rope_attend`` sums the partials itself)."""
+    return torch.empty(1, dtype=x.dtype, device=x.device).expand(x.shape[0], parts.shape[-1])
 
 
 def _kn_weight(lin: nn.Module) -> torch.Tensor:
