@@ -139,7 +139,7 @@ def test_split_partials_sum_to_the_product(splits, lead):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("splits", [2, 4])
+@pytest.mark.parametrize("splits", [1, 2, 4])  # 1: a single partial is rounded too
 def test_add_rms_norm_sums_split_partials(dtype, splits):
     """The add + RMSNorm kernel (interpreted) over a split GEMM's fp32 partials == the same kernel on their sum
     rounded to the model dtype (what one GEMM would return), bit for bit."""
@@ -220,13 +220,14 @@ def test_engine_tokens_unchanged_with_split_gemm(fixture, request, tmp_path, mon
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_rope_store_sums_split_qkv_partials(dtype):
+@pytest.mark.parametrize("s", [1, 4])  # 1: a single partial is rounded too
+def test_rope_store_sums_split_qkv_partials(dtype, s):
     """rope_store (interpreted) over the qkv GEMM's fp32 split-K partials == rope_store of their sum rounded to the
     model dtype: the same q and the same K/V cache contents, bit for bit; slot -1 writes nothing."""
     from specserve.layers.triton_fused import rope_store
 
     torch.manual_seed(2)
-    hq, hk, d, t, s = 4, 2, 16, 3, 4
+    hq, hk, d, t = 4, 2, 16, 3
     parts = torch.randn(s, t, (hq + 2 * hk) * d)
     x = parts[0].clone()
     for i in range(1, s):
