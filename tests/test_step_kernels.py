@@ -80,6 +80,20 @@ def test_async_step_inputs_kernel_matches_ref(k: int, seed: int) -> None:
         assert o.dtype == r.dtype and o.shape == r.shape, name
         assert torch.equal(o, r), name
     assert int(ref[4][0]) == 0  # no drafts: nothing to verify
+    # into=: the same values stored straight into (strided) static buffers, by the kernel and by the torch spec
+    for fn in (si.async_step_inputs_ref, sk.async_step_inputs):
+        raw = torch.full((4 * n * q,), -9, dtype=torch.int64)
+        aux = torch.full((n, 3), -9, dtype=torch.int32)  # 3 columns: the third must stay untouched
+        seq = torch.full((n,), -9, dtype=torch.int32)
+        into = (raw[: n * q], raw[n * q : 2 * n * q], raw[2 * n * q : 3 * n * q], seq, aux)
+        got = fn(*args, into=into)
+        for name, r, o, d in zip(names[:4], ref, got, into):
+            assert o.data_ptr() == d.data_ptr() and torch.equal(d, r), (name, fn.__name__)
+        assert torch.equal(got[4], ref[4]) and torch.equal(got[5], ref[5]) and torch.equal(got[6], ref[6])
+        assert torch.equal(aux[:, 0].long(), ref[4]) and torch.equal(aux[:, 1].long(), ref[5])
+        assert bool((aux[:, 2] == -9).all()) and bool((raw[3 * n * q :] == -9).all())
+    with pytest.raises(ValueError, match="into"):
+        sk.async_step_inputs(*args, into=(raw[: n * q], raw[: n * q], raw[: n * q], seq.long(), aux))
 
 
 def test_step_kernels_validate_shapes() -> None:

@@ -794,15 +794,11 @@ class ModelRunner:
             else:  # the same requests in the same order, or a prefix of them (the last ones finished)
                 src_packed, src_nd = src_packed[:n], src_nd[:n]
                 src_budget, src_first = src_budget[:n], src_first[:n]
-            ids, pos, slots, seq, num_draft, budget, first = self._async_step_inputs(
-                src_packed, src_nd, src_budget, src_first, v.bt[:n], K, bs
+            # written straight into the static inputs (one kernel on the fused path, no copies after it)
+            into = (v.ids[: n * q], v.pos[: n * q], v.slots[: n * q], v.seq[:n], v.aux[:n])
+            _, _, _, _, num_draft, budget, first = self._async_step_inputs(
+                src_packed, src_nd, src_budget, src_first, v.bt[:n], K, bs, into=into
             )
-            v.ids[: n * q].copy_(ids)
-            v.pos[: n * q].copy_(pos)
-            v.slots[: n * q].copy_(slots)
-            v.seq[:n].copy_(seq)
-            v.aux[:n, 0].copy_(num_draft)
-            v.aux[:n, 1].copy_(budget)
             self.num_async_spec_steps += 1
         logits, features, packed = graphs.run(b)
         assert features is not None

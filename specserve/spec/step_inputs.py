@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["async_step_inputs_ref", "dflash_query_inputs_ref", "step_input_fns"]
+__all__ = ["async_step_inputs_ref", "check_step_into", "dflash_query_inputs_ref", "step_input_fns"]
 
 
 def step_input_fns(fused: bool) -> tuple[Callable[..., Any], Callable[..., Any]]:
@@ -66,6 +66,22 @@ def dflash_query_inputs_ref(
     return ctx_slots, ids.view(-1), qpos.view(-1), qslots, qseq, active
 
 
+def check_step_into(into: tuple[torch.Tensor, ...], n: int, q: int) -> tuple[torch.Tensor, ...]:
+    """``into`` of the async step inputs: (ids, pos, slots [n*q] int64, seq [n] int32, aux [n, >= 2] int32 whose
+    columns 0 / 1 take num_draft / budget), each contiguous in its last dimension; returned as given."""
+    if len(into) != 5:
+        raise ValueError("into must be (ids, pos, slots, seq, aux)")
+    ids, pos, slots, seq, aux = into
+    ok = all(t.shape == (n * q,) and t.dtype == torch.int64 and t.is_contiguous() for t in (ids, pos, slots))
+    ok = ok and seq.shape == (n,) and seq.dtype == torch.int32 and seq.is_contiguous()
+    ok = ok and aux.dim() == 2 and aux.shape[0] == n and aux.shape[1] >= 2 and aux.dtype == torch.int32
+    if not ok or aux.stride(1) != 1:
+        raise ValueError(
+            f"into: ids / pos / slots int64 [{n * q}], seq int32 [{n}] and aux int32 [{n}, >=2], contiguous rows"
+        )
+    return ids, pos, slots, seq, aux
+
+
 def async_step_inputs_ref(
     prev_packed: torch.Tensor,
     prev_num_draft: torch.Tensor,
@@ -74,6 +90,7 @@ def async_step_inputs_ref(
     bt: torch.Tensor,
     k: int,
     block_size: int,
+    into: tuple[torch.Tensor, ...] | None = None,
 ) -> tuple[torch.Tensor, ...]:
     """Step N+1's inputs from step N's device output, per request (rows in the same order): prev_packed [n,
     q+1+K] (q verified tokens, n_match, K drafts or -1), its num_draft / budget / first position [n] int64, this
@@ -81,7 +98,9 @@ def async_step_inputs_ref(
 
     ids, pos, slots [n*q] int64, seq [n] int32, and num_draft, budget, first [n] int64: n_acc = min(n_match,
     num_draft); the block is [bonus, the drafts] at first + n_acc + 1; num_draft = the real drafts capped by
-    budget - n_acc (0 when none); budget - n_acc - 1; slots -1 past the drafts or where the table has no block."""
+    budget - n_acc (0 when none); budget - n_acc - 1; slots -1 past the drafts or where the table has no block.
+    ``into`` (:func:`check_step_into`): ids / pos / slots / seq and the (num_draft, budget) columns are written
+    there too, and the returned ids / pos / slots / seq are those buffers."""
     q, mb, n = k + 1, bt.shape[1], prev_packed.shape[0]
     if any(t.shape != (n,) for t in (prev_num_draft, prev_budget, prev_first)) or bt.shape[0] != n:
         raise ValueError(f"num_draft, budget, first and bt must have one row per request [{n}]")
@@ -99,4 +118,12 @@ def async_step_inputs_ref(
     valid = (cols[None, :] <= num_draft[:, None]) & (bid >= 0) & (blk < mb)
     slots = torch.where(valid, bid * block_size + pos % block_size, -1)
     seq = (first + q).to(torch.int32)
-    return ids.view(-1), pos.view(-1), slots.view(-1), seq, num_draft, budget, first
+    out: tuple[torch.Tensor, ...] = (ids.view(-1), pos.view(-1), slots.view(-1), seq)
+    if into is not None:
+        dst = check_step_into(into, n, q)
+        for d, v in zip(dst, out):
+            d.copy_(v)
+        dst[4][:, 0].copy_(num_draft)
+        dst[4][:, 1].copy_(budget)
+        out = dst[:4]
+    return (*out, num_draft, budget, first)

@@ -10,6 +10,8 @@ import torch
 import triton
 import triton.language as tl
 
+from specserve.spec.step_inputs import check_step_into
+
 __all__ = ["async_step_inputs", "dflash_query_inputs"]
 
 
@@ -132,12 +134,15 @@ def _async_step_kernel(
     nd_ptr,
     budget_ptr,
     first_ptr,
+    aux_ptr,
     stride_prev,
     stride_bt,
+    stride_aux,
     K: tl.constexpr,
     BLOCK_Q: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     MAX_BLOCKS: tl.constexpr,
+    HAS_AUX: tl.constexpr = False,
 ):
     j = tl.program_id(0).to(tl.int64)
     Q: tl.constexpr = K + 1
@@ -167,6 +172,9 @@ def _async_step_kernel(
     tl.store(nd_ptr + j, num_draft)
     tl.store(budget_ptr + j, prev_budget - n_acc - 1)
     tl.store(first_ptr + j, first)
+    if HAS_AUX:  # the static buffer's int32 (num_draft, budget) columns
+        tl.store(aux_ptr + j * stride_aux, num_draft.to(tl.int32))
+        tl.store(aux_ptr + j * stride_aux + 1, (prev_budget - n_acc - 1).to(tl.int32))
 
 
 def async_step_inputs(
@@ -177,8 +185,11 @@ def async_step_inputs(
     bt: torch.Tensor,
     k: int,
     block_size: int,
+    into: tuple[torch.Tensor, ...] | None = None,
 ) -> tuple[torch.Tensor, ...]:
-    """:func:`specserve.spec.step_inputs.async_step_inputs_ref` in one kernel launch (one program per request)."""
+    """:func:`specserve.spec.step_inputs.async_step_inputs_ref` in one kernel launch (one program per request);
+    with ``into`` its ids / pos / slots / seq and (num_draft, budget) columns are stored straight into those
+    buffers (the runner's static graph inputs: no copy kernels after it)."""
     n, q = prev_packed.shape[0], k + 1
     if prev_packed.shape[1] < q + 1 + k or prev_packed.stride(1) != 1 or bt.stride(1) != 1:
         raise ValueError(f"prev_packed [n, >={q + 1 + k}] and bt contiguous in their last dimension expected")
@@ -187,8 +198,12 @@ def async_step_inputs(
         if t.shape != (n,) or t.dtype != torch.int64 or not t.is_contiguous():
             raise ValueError(f"num_draft, budget and first must be contiguous int64 [{n}]")
     dev = prev_packed.device
-    ids, pos, slots = (torch.empty(n * q, dtype=torch.int64, device=dev) for _ in range(3))
-    seq = torch.empty(n, dtype=torch.int32, device=dev)
+    if into is not None:
+        ids, pos, slots, seq, aux = check_step_into(into, n, q)
+    else:
+        ids, pos, slots = (torch.empty(n * q, dtype=torch.int64, device=dev) for _ in range(3))
+        seq = torch.empty(n, dtype=torch.int32, device=dev)
+        aux = seq  # unused
     num_draft, budget, first = (torch.empty(n, dtype=torch.int64, device=dev) for _ in range(3))
     _async_step_kernel[(n,)](
         prev_packed,
@@ -203,12 +218,15 @@ def async_step_inputs(
         num_draft,
         budget,
         first,
+        aux,
         prev_packed.stride(0),
         bt.stride(0),
+        aux.stride(0),
         K=k,
         BLOCK_Q=triton.next_power_of_2(q),
         BLOCK_SIZE=block_size,
         MAX_BLOCKS=bt.shape[1],
+        HAS_AUX=into is not None,
         num_warps=1,
     )
     return ids, pos, slots, seq, num_draft, budget, first
