@@ -16,6 +16,7 @@ from specserve.train.data import (
     HFGenerator,
     Sample,
     check_not_eval_set,
+    clean_question,
     load_prompts,
     load_samples,
     pick_mask_token_id,
@@ -753,6 +754,21 @@ def test_resume_equals_uninterrupted_run(tmp_path, tiny):
         run(parse_args(_dflash_args(tiny, nosave, *split, "--stop-after", "0")))
 
 
+def test_stop_after_time_leaves_a_resumable_checkpoint(tmp_path, tiny):
+    """--stop-after-time: the run stops after the first step past the limit (here at once: step 1) with a
+    checkpoint, its LR schedule unchanged; --resume continues it to the end; a limit <= 0 is an error."""
+    out = str(tmp_path / "t")
+    split = ("--max-steps", "6", "--epochs", "100", "--save-every", "0", "--batch-size", "16")
+    first = run(parse_args(_dflash_args(tiny, out, *split, "--stop-after-time", "1e-9")))
+    assert first.metrics["steps"] == 1 and first.metrics["total_steps"] == 6
+    ckpt = torch.load(os.path.join(out, "checkpoint.pt"), weights_only=False)
+    assert ckpt["step"] == 1 and ckpt["total_steps"] == 6
+    second = run(parse_args(_dflash_args(tiny, out, *split, "--resume")))
+    assert second.metrics["steps"] == 6 and second.metrics["steps_this_run"] == 5
+    with pytest.raises(TrainError, match="--stop-after-time must be > 0"):
+        run(parse_args(_dflash_args(tiny, out, *split, "--stop-after-time", "0")))
+
+
 def test_init_from_continues_an_exported_drafter(tmp_path, tiny, capsys):
     """--init-from starts from an exported drafter: its first loss is the first run's last, far below a fresh
     start's; a drafter of the other method or a missing directory is a one-line error."""
@@ -1041,6 +1057,29 @@ def test_self_question_prompts_cover_math_and_repeat_past_the_grid():
     assert any("math problem about" in p for p in few) and any("AI assistant" in p for p in few)
     many = self_question_prompts(size + 50, seed=3)
     assert len(many) == size + 50 and len(set(many)) == size  # every instruction once, then 50 repeats
+
+
+def test_self_question_prompts_latex_grid():
+    """``--self-grid latex``: competition-style math instructions that ask for LaTeX, over the whole topic x
+    instruction grid before any repeats; an unknown grid is refused; the CLI passes the choice through."""
+    from specserve.train.data import SELF_LATEX_STYLES, SELF_LATEX_TOPICS
+
+    size = len(SELF_LATEX_TOPICS) * len(SELF_LATEX_STYLES)
+    ps = self_question_prompts(size, seed=1, grid="latex")
+    assert len(set(ps)) == size and ps != self_question_prompts(size, seed=2, grid="latex")
+    assert all("LaTeX" in p and p.endswith("Reply with the problem only.") for p in ps)
+    assert not set(ps) & set(self_question_prompts(size, seed=1))  # the mixed grid is another set
+    assert any("$\\frac{a}{b}$" in p for p in ps)  # the format braces came out as LaTeX braces
+    assert all(any(t in p for p in ps) for t in SELF_LATEX_TOPICS)
+    with pytest.raises(TrainError, match="unknown self-prompt grid"):
+        self_question_prompts(3, grid="poems")
+    assert parse_args(["dflash", "--self-prompts", "5", "--self-grid", "latex"]).self_grid == "latex"
+    # the LaTeX grid keeps the first line with math in it; the mixed grid the first usable line
+    text = "Here's a problem using LaTeX:\n\nFind $x$ if $x^2 = 4$.\n"
+    assert clean_question(text, prefer="$") == "Find $x$ if $x^2 = 4$."
+    assert clean_question(text) == "Here's a problem using LaTeX:"
+    assert clean_question("No math in this line at all.", prefer="$") == "No math in this line at all."
+    assert parse_args(["dflash", "--self-prompts", "5"]).self_grid == "mixed"
 
 
 def test_engine_generator_samples_repeated_prompts_apart(tiny_qwen3_dir):

@@ -24,6 +24,7 @@ import torch
 
 from specserve.train.data import (
     GSM8K_SUFFIX_MODES,
+    SELF_GRIDS,
     EngineGenerator,
     HFGenerator,
     Sample,
@@ -88,6 +89,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=0,
         metavar="N",
         help="add N questions / math problems the target writes itself (topic grids, sampled at T=0.8)",
+    )
+    g.add_argument(
+        "--self-grid",
+        choices=SELF_GRIDS,
+        default="mixed",
+        help="which instructions --self-prompts uses: mixed (general questions + math problems, the default) or "
+        "latex (competition-style math problems with their formulas in LaTeX)",
     )
     g.add_argument(
         "--data",
@@ -211,6 +219,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--resume continues it: one schedule split over several time-limited runs (--init-from starts a new one)",
     )
     o.add_argument(
+        "--stop-after-time",
+        type=float,
+        default=None,
+        metavar="S",
+        help="like --stop-after, by the clock: stop with a checkpoint after the first step that ends past S seconds "
+        "of this run (the LR schedule unchanged; --resume continues it)",
+    )
+    o.add_argument(
         "--attn-backend",
         choices=["auto", "split", "sdpa", "flex"],
         default="auto",
@@ -264,6 +280,7 @@ def _validate(a: argparse.Namespace) -> None:
     positive("gamma", a.gamma)
     positive("max_time", a.max_time)
     positive("stop_after", a.stop_after)
+    positive("stop_after_time", a.stop_after_time)
     positive("draft_vocab_size", a.draft_vocab_size)
     for name in ("save_every", "self_prompts", "weight_decay", "max_grad_norm", "gen_temperature"):
         positive(name, getattr(a, name), allow_zero=True)
@@ -350,6 +367,7 @@ class GenJob:
     batch_size: int
     gpu_memory_utilization: float = 0.5
     num_gpu_blocks: int | None = None  # engine KV budget; set when several processes share one GPU
+    self_grid: str = "mixed"  # latex: longer problem drafts, keep the first line with math in it
 
 
 def generate_samples(job: GenJob, target: Target | None = None) -> tuple[list[Sample], dict[str, int], Any]:
@@ -386,8 +404,12 @@ def generate_samples(job: GenJob, target: Target | None = None) -> tuple[list[Sa
         prompts = list(job.prompts)
         n_self = 0
         if job.asks:
-            outs = gen.generate(chat_prompt_ids(tokenizer, job.asks), 64, 0.8, seed=job.seed + 1)
-            qs = [clean_question(tokenizer.decode(o, skip_special_tokens=True)) for o in outs]
+            latex = job.self_grid == "latex"
+            outs = gen.generate(
+                chat_prompt_ids(tokenizer, job.asks), 128 if latex else 64, 0.8, seed=job.seed + 1
+            )
+            prefer = "$" if latex else None
+            qs = [clean_question(tokenizer.decode(o, skip_special_tokens=True), prefer) for o in outs]
             uniq = list(dict.fromkeys(q for q in qs if q))
             n_self = len(uniq)
             prompts += uniq
@@ -418,7 +440,7 @@ def _generate_data(
     if a.num_prompts is not None:
         prompts = prompts[: a.num_prompts]
     prompts = [p for p in prompts for _ in range(a.prompt_repeats)]  # request i samples with its own seed
-    asks = self_question_prompts(a.self_prompts, seed=a.seed) if a.self_prompts else []
+    asks = self_question_prompts(a.self_prompts, seed=a.seed, grid=a.self_grid) if a.self_prompts else []
     t0 = time.time()
     generator = a.generator
     if generator == "auto":
@@ -443,6 +465,7 @@ def _generate_data(
             temperature=a.gen_temperature,
             seed=(a.seed if a.gen_seed is None else a.gen_seed) + 1000 * i,
             batch_size=a.gen_batch_size,
+            self_grid=a.self_grid,
             gpu_memory_utilization=0.5 if procs == 1 else 0.95,
             # several engines on one GPU: memory profiling would see the others' allocations, so size each
             # KV cache explicitly (every sequence at full length, 16-token blocks)
@@ -480,6 +503,7 @@ def _generate_data(
         sources=list(a.prompts),
         gsm8k_suffix=a.gsm8k_suffix,
         prompt_repeats=a.prompt_repeats,
+        self_grid=a.self_grid,
         seed=a.seed,
         gen_seed=a.gen_seed,
         max_new_tokens=a.max_new_tokens,
@@ -681,6 +705,7 @@ def run(a: argparse.Namespace) -> TrainResult:
         attn_backend=a.attn_backend,
         log_every=a.log_every,
         stop_after=a.stop_after,
+        stop_after_time=a.stop_after_time,
         max_time=a.max_time,
         progress=not a.no_progress,
         eval_every=a.eval_every,

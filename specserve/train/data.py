@@ -119,32 +119,76 @@ SELF_MATH_STYLES = (
 )
 
 
-def self_question_prompts(n: int, seed: int = 0) -> list[str]:
-    """Instructions asking the target to write one user question: a topic x style grid of general questions
-    plus a topic x level grid of math problems, shuffled. Past the grids' size they repeat: each repeat is a
-    separate request sampled with its own seed (the generators seed request i with ``seed + i``), so it yields
-    another question; duplicates are dropped after generation."""
-    grid = [
-        f"Write one question a user might ask an AI assistant about {topic}{style}. "
-        "Reply with the question only."
-        for topic in SELF_TOPICS
-        for style in SELF_STYLES
-    ] + [
-        f"Write {level} math problem about {topic}. Reply with the problem only."
-        for topic in SELF_MATH_TOPICS
-        for level in SELF_MATH_STYLES
-    ]
+# competition-style math problems with their formulas in LaTeX, written by the target itself (``--self-grid latex``):
+# the gsm8k-heavy demo data taught the drafters that "$" starts a dollar amount, so inline math ("$p$ and $q$")
+# and \frac / \sqrt formulas drafted badly (session 21). Subjects of school / contest math; no evaluation set is read.
+SELF_LATEX_TOPICS = (
+    "polynomials and their roots", "quadratic equations", "systems of linear equations", "inequalities",
+    "absolute value equations", "functions and their inverses", "composition of functions", "exponential equations",
+    "logarithms", "arithmetic sequences", "geometric series", "sums of series", "complex numbers", "roots of unity",
+    "polar coordinates", "rectangular and polar coordinates", "vectors", "matrices and determinants",
+    "trigonometric identities", "trigonometric equations", "the unit circle", "areas of triangles",
+    "circles and chords", "inscribed angles", "similar triangles", "the pythagorean theorem", "coordinate geometry",
+    "distance and midpoint", "parabolas", "ellipses", "lines and slopes", "volumes of solids", "prime factorization",
+    "divisors of an integer", "greatest common divisors and least common multiples", "modular arithmetic",
+    "number bases", "digits and place value", "fractions and decimals", "percents", "ratios",
+    "counting arrangements", "binomial coefficients", "probability", "expected value", "the binomial theorem",
+    "simplifying square roots", "rational expressions", "floor and ceiling functions", "maximum and minimum values",
+    "rates and work", "piecewise functions",
+)  # fmt: skip
+SELF_LATEX_STYLES = (
+    "Write a challenging competition math problem about {t}. Write all math in LaTeX between $ signs.",
+    "Write a high-school math problem about {t} using LaTeX notation such as $\\frac{{a}}{{b}}$, $x^2$ and "
+    "$\\sqrt{{x}}$.",
+    "Write a math contest problem about {t} that asks to compute an exact value. Use LaTeX for every formula.",
+    "Write a short algebra problem about {t} with formulas in LaTeX, for example $f(x) = 2x + 3$.",
+    "Write a math olympiad problem about {t} for students, with all expressions in LaTeX.",
+    "Write a math problem about {t} that asks to express the answer in simplest form. Use LaTeX.",
+    "Write a precalculus problem about {t}. Put every mathematical expression between $ signs in LaTeX.",
+    "Write a problem about {t} that asks to find all real values of $x$. Write math in LaTeX.",
+)
+SELF_GRIDS = ("mixed", "latex")
+
+
+def self_question_prompts(n: int, seed: int = 0, grid: str = "mixed") -> list[str]:
+    """Instructions asking the target to write one user question, shuffled. ``grid="mixed"``: a topic x style
+    grid of general questions plus a topic x level grid of math problems; ``"latex"``: a topic x instruction grid
+    of competition-style math problems with their formulas in LaTeX. Past the grid's size they repeat: each
+    repeat is a separate request sampled with its own seed (the generators seed request i with ``seed + i``), so
+    it yields another question; duplicates are dropped after generation."""
+    if grid not in SELF_GRIDS:
+        raise TrainError(f"unknown self-prompt grid {grid!r} (choose from {', '.join(SELF_GRIDS)})")
+    if grid == "latex":
+        grid_list = [
+            style.format(t=topic) + " Reply with the problem only."
+            for topic in SELF_LATEX_TOPICS
+            for style in SELF_LATEX_STYLES
+        ]
+    else:
+        grid_list = [
+            f"Write one question a user might ask an AI assistant about {topic}{style}. "
+            "Reply with the question only."
+            for topic in SELF_TOPICS
+            for style in SELF_STYLES
+        ] + [
+            f"Write {level} math problem about {topic}. Reply with the problem only."
+            for topic in SELF_MATH_TOPICS
+            for level in SELF_MATH_STYLES
+        ]
     rng = random.Random(seed)
     out: list[str] = []
     while len(out) < n:
-        rnd = list(grid)
+        rnd = list(grid_list)
         rng.shuffle(rnd)
         out += rnd[: n - len(out)]
     return out
 
 
-def clean_question(text: str) -> str | None:
-    """The first non-empty line of a generated question, unquoted; None if unusable."""
+def clean_question(text: str, prefer: str | None = None) -> str | None:
+    """The first non-empty line of a generated question, unquoted; None if unusable. ``prefer``: the first
+    usable line that contains this string, if one does (``"$"`` for the LaTeX grid, whose answers often open
+    with a line such as "Here's a problem using LaTeX:")."""
+    usable = []
     for line in text.strip().splitlines():
         line = line.strip().strip('"').strip()
         line = (
@@ -153,8 +197,10 @@ def clean_question(text: str) -> str | None:
             .strip('"')
         )
         if 8 <= len(line) <= 500:
-            return line
-    return None
+            if prefer is None or prefer in line:
+                return line
+            usable.append(line)
+    return usable[0] if usable else None
 
 
 def _split_spec(spec: str) -> tuple[str, int | None]:

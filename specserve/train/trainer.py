@@ -53,6 +53,7 @@ class TrainArgs:
     log_every: int = 10
     stop_after: int | None = None  # stop early (as if interrupted) after this step; schedule unchanged
     max_time: float | None = None  # wall-clock budget (s): the schedule shrinks to fit it
+    stop_after_time: float | None = None  # stop early (as if interrupted) once this run passed S seconds
     progress: bool = True
     eval_every: int = 0  # validation every N steps (0: only before and after training); needs val samples
     command: str | None = None  # this run's command line, recorded per part of a schedule split by --resume
@@ -420,6 +421,8 @@ class Trainer:
                     and time.time() - t0 > args.max_time
                 ):
                     end = self.step  # the estimate was short: stop at the budget anyway (single process)
+                if args.stop_after_time is not None and self._time_is_up(time.time() - t0):
+                    end = self.step  # schedule unchanged: --resume continues it
                 if self.step % max(1, args.log_every) == 0 or self.step == end:
                     red = self._reduce({k: (v / n_window if k == "loss" else v) for k, v in window.items()})
                     last = summarize(red)
@@ -446,7 +449,9 @@ class Trainer:
             self._validate(bar)
         bar.close()
         saved = bool(args.save_every) and self.step % args.save_every == 0
-        stopped_early = args.stop_after is not None and self.step < self.total_steps
+        stopped_early = (
+            args.stop_after is not None or args.stop_after_time is not None
+        ) and self.step < self.total_steps
         if not saved and (args.save_every or stopped_early):
             self.save_checkpoint()  # an early stop always leaves a checkpoint: --resume continues from it
         elapsed = time.time() - t0
@@ -463,6 +468,16 @@ class Trainer:
             history=self.history,
             val_history=self.val_history,
         )
+
+    def _time_is_up(self, elapsed: float) -> bool:
+        """``--stop-after-time``: has this run passed its wall-clock limit? Ranks follow rank 0's clock (one
+        broadcast per step), so every process stops after the same step."""
+        assert self.args.stop_after_time is not None
+        up = torch.tensor([int(elapsed > self.args.stop_after_time)], dtype=torch.long)
+        if self.world > 1:
+            up = up.to(self.device)
+            dist.broadcast(up, src=0)
+        return bool(up.item())
 
     def schedule_parts(self) -> list[dict[str, Any]]:
         """The runs that trained this schedule so far, oldest first: each one's command and [first, last) steps (one
