@@ -1082,6 +1082,69 @@ def test_self_question_prompts_latex_grid():
     assert parse_args(["dflash", "--self-prompts", "5"]).self_grid == "mixed"
 
 
+def test_self_grid_reaches_the_question_writer(tmp_path, monkeypatch):
+    """--self-grid goes from the command line to the generator: the LaTeX grid's instructions, 128-token problem
+    drafts and the "$" line preference; the mixed grid's 64 tokens and first line; the choice in the data's meta."""
+    from transformers import AutoTokenizer
+
+    import specserve.train.cli as cli_mod
+
+    target = _tiny_tokenizer_target(tmp_path)
+    tok = AutoTokenizer.from_pretrained(target)
+    asked: list[int] = []  # max_new_tokens per generate call
+    prefer: list[str | None] = []
+
+    class FakeGenerator:  # stands in for the engine: records what it is asked, answers two tokens
+        def __init__(self, *args, **kwargs) -> None:
+            self.stops: list[int] = []
+
+        def tokenizer(self):
+            return tok
+
+        def generate(self, ids, max_new_tokens, temperature, seed=0):
+            asked.append(max_new_tokens)
+            return [[5, 6] for _ in ids]
+
+        def close(self) -> None:
+            pass
+
+    def fake_clean(text, prefer_=None):
+        prefer.append(prefer_)
+        return "why is the sky blue ?"
+
+    texts: list[list[str]] = []  # the chat prompts as text, per call
+    real_chat_prompt_ids = cli_mod.chat_prompt_ids
+
+    def recording_chat_prompt_ids(tokenizer, prompts):
+        texts.append(list(prompts))
+        return real_chat_prompt_ids(tokenizer, prompts)
+
+    monkeypatch.setattr(cli_mod, "chat_prompt_ids", recording_chat_prompt_ids)
+    monkeypatch.setattr(cli_mod, "EngineGenerator", FakeGenerator)
+    monkeypatch.setattr(cli_mod, "clean_question", fake_clean)
+    for grid, ask_tokens, want in (("latex", 128, "$"), ("mixed", 64, None)):
+        asked.clear(), prefer.clear(), texts.clear()
+        out = tmp_path / grid
+        args = [
+            "dflash",
+            "--target",
+            target,
+            "--self-prompts",
+            "3",
+            "--self-grid",
+            grid,
+            "--output",
+            str(out),
+        ]
+        args += ["--generator", "engine", "--generate-only", "--max-new-tokens", "4", "--device", "cpu"]
+        assert main(args + ["--dtype", "float32"]) == 0
+        assert asked == [ask_tokens, 4] and prefer == [want] * 3
+        assert len(texts[0]) == 3 and all(("LaTeX" in p) == (grid == "latex") for p in texts[0])
+        assert texts[1] == ["why is the sky blue ?"]  # then the question it wrote is answered
+        assert json.loads((out / "data.jsonl.meta.json").read_text())["self_grid"] == grid
+        assert len(load_samples(str(out / "data.jsonl"))) == 1  # the three identical questions deduplicated
+
+
 def test_engine_generator_samples_repeated_prompts_apart(tiny_qwen3_dir):
     """Request i samples with seed + i: a prompt asked twice gets two answers, and a rerun the same ones."""
     ids = [[1, 2, 3, 4]] * 3 + [[5, 6, 7]]

@@ -170,11 +170,12 @@ def _async_step_kernel(
     tl.store(slots_ptr + row, tl.where(valid, bid * BLOCK_SIZE + pos % BLOCK_SIZE, -1), mask=cm)
     tl.store(seq_ptr + j, (first + Q).to(tl.int32))
     tl.store(nd_ptr + j, num_draft)
-    tl.store(budget_ptr + j, prev_budget - n_acc - 1)
+    budget = prev_budget - n_acc - 1
+    tl.store(budget_ptr + j, budget)
     tl.store(first_ptr + j, first)
     if HAS_AUX:  # the static buffer's int32 (num_draft, budget) columns
         tl.store(aux_ptr + j * stride_aux, num_draft.to(tl.int32))
-        tl.store(aux_ptr + j * stride_aux + 1, (prev_budget - n_acc - 1).to(tl.int32))
+        tl.store(aux_ptr + j * stride_aux + 1, budget.to(tl.int32))
 
 
 def async_step_inputs(
