@@ -22,6 +22,7 @@ import os
 from collections.abc import Iterable
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 KN_MIN_HIDDEN = 2048  # between the two measured shapes: SmolLM2's 576 (no gain) and Qwen3-8B's 4096 (-4.7%)
@@ -71,6 +72,60 @@ class TransposedLinear(nn.Module):
             return torch.addmm(self.bias, x, self.weight_t)
         y = torch.matmul(x, self.weight_t)
         return y if self.bias is None else y + self.bias
+
+
+# CPU, float32, 1-64 rows (decode, speculative verify, the drafters' blocks): ``torch.mm(W, x.T)`` instead of
+# nn.Linear's ``x @ W.T``. On the 2-core AMD EPYC VM (session 22; torch 2.13 CPU, 26 GB/s read bandwidth) the
+# decode steps are weight-read bound and the BLAS call behind ``x @ W.T`` reads SmolLM2-135M's 425 MB of layer weights
+# at 11 GB/s for one row (40 ms) and 6.5 GB/s for 2-5 rows (57-66 ms); ``W @ x.T`` reads them at 17 GB/s for 2 rows
+# (25 ms), 14 GB/s for 5 (31 ms), 9 GB/s for 16 (48 ms vs 81); one row is padded to two (29-32 ms vs 38-40). From 128
+# rows up nn.Linear's order is faster again. ``SPECSERVE_CPU_GEMM=linear`` turns it off, ``=mm`` forces it on.
+CPU_MM_MAX_ROWS = 64
+
+
+def cpu_mm_enabled(device: torch.device | str, dtype: torch.dtype) -> bool:
+    """Whether float32 CPU projections run as :func:`linear_rows`' ``W @ x.T`` (``SPECSERVE_CPU_GEMM`` = ``mm`` /
+    ``linear``; default: on for float32 on CPU, the only case measured; bf16 CPU GEMMs keep nn.Linear's order)."""
+    v = os.environ.get("SPECSERVE_CPU_GEMM", "").strip().lower()
+    if v and v not in ("mm", "linear"):
+        raise ValueError(f"SPECSERVE_CPU_GEMM must be 'mm' or 'linear', got {v!r}")
+    if torch.device(device).type != "cpu" or v == "linear":
+        return False
+    return v == "mm" or dtype == torch.float32
+
+
+def linear_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` computed as ``weight @ x.T`` for 1..:data:`CPU_MM_MAX_ROWS` rows of a CPU
+    tensor (one row padded to two: the BLAS's two-row GEMM reads the weight faster than its one-row product), else
+    ``F.linear``. Same values up to the accumulation order."""
+    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    if x.device.type != "cpu" or not 0 < rows <= CPU_MM_MAX_ROWS or x.requires_grad or weight.requires_grad:
+        return F.linear(x, weight, bias)
+    x2 = x.reshape(rows, x.shape[-1])
+    x2 = torch.cat([x2, x2]) if rows == 1 else x2.contiguous()
+    y = torch.mm(weight, x2.t())[:, :rows].t()
+    y = y.contiguous()
+    if bias is not None:
+        y += bias
+    return y.view(*x.shape[:-1], y.shape[-1])
+
+
+class CpuRowsLinear(nn.Linear):
+    """An ``nn.Linear`` (same parameters, so checkpoints, tied weights and ``isinstance`` checks are unchanged) whose
+    forward is :func:`linear_rows`. Installed by :func:`use_cpu_mm` on float32 CPU models."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return linear_rows(x, self.weight, self.bias)
+
+
+def use_cpu_mm(module: nn.Module) -> int:
+    """Turn every plain ``nn.Linear`` under ``module`` into a :class:`CpuRowsLinear` in place; returns how many."""
+    n = 0
+    for m in module.modules():
+        if type(m) is nn.Linear:
+            m.__class__ = CpuRowsLinear
+            n += 1
+    return n
 
 
 SPLIT_MAX_ROWS = 16  # split-K partials only for decode / verify steps of at most this many rows

@@ -79,6 +79,7 @@ class DFlashDraftModel(nn.Module):
         self.register_buffer("ctx_kv_bias", torch.empty(0), persistent=False)
         self.register_buffer("ctx_k_norm", torch.empty(0), persistent=False)
         self.ctx_kv_transposed = False  # ctx_kv_weight stored [H, L*2*n_kv*hd] (transpose_weights)
+        self.cpu_mm = False  # float32 CPU: the context GEMM as W @ c.T (layers/linear.py linear_rows; set by the runner)
         # the target's split-K / Triton decode GEMMs for the drafter's layers (set by the proposer: models/llama.py
         # run_layers_fused); the block of a batch-1 step is K+1 <= 16 rows
         self.split_gemm: dict[str, int] = {}
@@ -130,6 +131,10 @@ class DFlashDraftModel(nn.Module):
         if self.ctx_kv_transposed:
             kv = torch.matmul(c, self.ctx_kv_weight)
             return kv if bias is None else kv + bias
+        if self.cpu_mm:
+            from specserve.layers.linear import linear_rows
+
+            return linear_rows(c, self.ctx_kv_weight, bias)
         return torch.nn.functional.linear(c, self.ctx_kv_weight, bias)
 
     def context_kv(

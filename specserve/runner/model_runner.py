@@ -200,6 +200,19 @@ class ModelRunner:
 
             self.proposer = build_proposer(spec, self)
             self.model.tap_indices = list(self.proposer.tap_indices)
+        from specserve.layers.linear import cpu_mm_enabled, use_cpu_mm
+
+        # float32 CPU: the decode / verify / drafter GEMMs as W @ x.T (layers/linear.py CPU_MM_MAX_ROWS)
+        self.cpu_mm = cpu_mm_enabled(device, dtype)
+        if self.cpu_mm:
+            use_cpu_mm(self.model)
+            from specserve.models.dflash import DFlashDraftModel
+
+            draft = getattr(self.proposer, "model", None)
+            if isinstance(draft, torch.nn.Module):
+                use_cpu_mm(draft)
+            if isinstance(draft, DFlashDraftModel):  # its stacked context K/V GEMM too
+                draft.cpu_mm = True
         self.generator = torch.Generator(device=device)
         self.generator.manual_seed(config.seed)
         self.num_blocks = 0
