@@ -75,11 +75,12 @@ class TransposedLinear(nn.Module):
 
 
 # CPU, float32, 1-64 rows (decode, speculative verify, the drafters' blocks): ``torch.mm(W, x.T)`` instead of
-# nn.Linear's ``x @ W.T``. On the 2-core AMD EPYC VM (session 22; torch 2.13 CPU, 26 GB/s read bandwidth) the
-# decode steps are weight-read bound and the BLAS call behind ``x @ W.T`` reads SmolLM2-135M's 425 MB of layer weights
-# at 11 GB/s for one row (40 ms) and 6.5 GB/s for 2-5 rows (57-66 ms); ``W @ x.T`` reads them at 17 GB/s for 2 rows
-# (25 ms), 14 GB/s for 5 (31 ms), 9 GB/s for 16 (48 ms vs 81); one row is padded to two (29-32 ms vs 38-40). From 128
-# rows up nn.Linear's order is faster again. ``SPECSERVE_CPU_GEMM=linear`` turns it off, ``=mm`` forces it on.
+# nn.Linear's ``x @ W.T``. On the 2-core AMD EPYC VM (session 22, torch 2.13 CPU) decode steps are weight-read bound,
+# and the BLAS call behind ``x @ W.T`` gets slower per row from 2 rows on: SmolLM2-135M's 425 MB of float32 layer
+# weights took 43.0 / 65.2 / 61.7 / 99.4 / 186.7 ms for 1 / 2 / 5 / 16 / 64 rows, ``W @ x.T`` 34.2 (one row padded to
+# two) / 33.5 / 40.6 / 60.5 / 137.5 ms, the LM head 11.85 -> 7.31 ms at 1 row and 26.4 -> 10.0 at 5
+# (benchmarks/cpu_gemm_orders.py, results/cpu-2core-s22/). From 128 rows nn.Linear's order is as fast or faster.
+# ``SPECSERVE_CPU_GEMM=linear`` turns it off, ``=mm`` forces it on (bf16 too: not measured to pay).
 CPU_MM_MAX_ROWS = 64
 
 
