@@ -300,6 +300,10 @@ def test_engine_tokens_unchanged_with_triton_gemm(fixture, request, tmp_path, mo
     assert outs["1"] == outs["0"] and outs["1b1"] == outs["0b1"]
     names = {c[0] for c in calls}
     assert "gate_up_silu" in names and ("splitk_partials" in names) and {c[1] for c in calls} >= {1, 2}
+    if (
+        fixture != "tiny_qwen3_dir"
+    ):  # the speculative run once (qwen2 adds the biased qkv: plain steps cover it)
+        return
     mc = llm.engine.runner.model.config
     dflash = make_dflash(
         tmp_path / "d", mc.hidden_size, mc.num_hidden_layers, mc.vocab_size, layer_ids=[0, 1]
