@@ -7,21 +7,18 @@ not fit in the cache.
 One pass = every layer's qkv / o / gate_up / down projection (SmolLM2-135M's shapes by default, float32: 425 MB, far
 over the L3) for a batch of ``rows`` rows, as a decode step (1 row), a speculative verify (K+1 rows) or a drafter
 block would run them; plus the LM head alone (vocab 49152). Prints ms per pass and the weight-read rate per order,
-the read bandwidth of the machine (a ``sum`` over 400 MB), and writes JSON with the command and machine.
+the read bandwidth of the machine (a ``sum`` over 400 MB), and writes JSON with the command, git revision and machine.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
-import sys
 import time
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from throughput import run_info, save_result  # benchmarks/ is on sys.path when this runs as a script
 
 from specserve.layers.linear import linear_rows
 
@@ -90,18 +87,14 @@ def main() -> int:
             f"{row['lm_head_ms']:>11.2f}"
         )
     result = {
-        "command": " ".join([os.path.basename(sys.executable)] + sys.argv),
-        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
+        **run_info(),
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "read_gb_per_s": round(read_gbs, 1),
         "layer_weight_bytes": layer_bytes,
         "rows": rows_out,
     }
-    out = args.out or f"benchmarks/results/cpu_gemm_orders-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    Path(out).parent.mkdir(parents=True, exist_ok=True)
-    Path(out).write_text(json.dumps(result, indent=2))
-    print(f"wrote {out}")
+    save_result(result, args.out, "cpu_gemm_orders")
     return 0
 
 

@@ -36,6 +36,23 @@ def git_rev() -> str:
         return "unknown"
 
 
+def run_info() -> dict[str, str]:
+    """What every CPU benchmark JSON records about its run: the command, git revision and machine."""
+    return {
+        "command": " ".join([os.path.basename(sys.executable)] + sys.argv),
+        "git_revision": git_rev(),
+        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
+    }
+
+
+def save_result(result: dict, out: str | None, stem: str) -> None:
+    """Write ``result`` as JSON to ``out`` (default ``benchmarks/results/<stem>-<time>.json``) and say where."""
+    out = out or f"benchmarks/results/{stem}-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text(json.dumps(result, indent=2))
+    print(f"wrote {out}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default=None)
@@ -102,17 +119,12 @@ def main() -> int:
         al = f"{r['acceptance_length']:.2f}" if r["acceptance_length"] else "-"
         print(f"{r['dtype']:9} {r['spec']:8} {r['k']:>3} {r['batch']:>5} {r['tokens_per_s']:>9.1f} {al:>10}")
     result = {
-        "command": " ".join([os.path.basename(sys.executable)] + sys.argv),
-        "git_revision": git_rev(),
-        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
+        **run_info(),
         "gpu": (torch.cuda.get_device_name() if torch.cuda.is_available() else None),
         "torch": torch.__version__,
         "rows": rows,
     }
-    out = args.out or f"benchmarks/results/throughput-{args.device}-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    Path(out).parent.mkdir(parents=True, exist_ok=True)
-    Path(out).write_text(json.dumps(result, indent=2))
-    print(f"wrote {out}")
+    save_result(result, args.out, f"throughput-{args.device}")
     return 0
 
 

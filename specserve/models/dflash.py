@@ -15,6 +15,7 @@ from torch import nn
 
 from specserve.config import ModelConfig
 from specserve.layers.attention import AttentionBackend, AttnMetadata
+from specserve.layers.linear import linear_rows
 from specserve.layers.norm import RMSNorm
 from specserve.layers.rotary import RotaryEmbedding
 from specserve.models.llama import DecoderLayer, KVCache, copy_weight, run_layers_fused
@@ -132,8 +133,6 @@ class DFlashDraftModel(nn.Module):
             kv = torch.matmul(c, self.ctx_kv_weight)
             return kv if bias is None else kv + bias
         if self.cpu_mm:
-            from specserve.layers.linear import linear_rows
-
             return linear_rows(c, self.ctx_kv_weight, bias)
         return torch.nn.functional.linear(c, self.ctx_kv_weight, bias)
 

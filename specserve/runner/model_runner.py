@@ -170,9 +170,11 @@ class ModelRunner:
             self.model.load_weights(weights)  # type: ignore[arg-type]
         self.model.eval().requires_grad_(False)
         from specserve.layers.linear import (
+            cpu_mm_enabled,
             split_gemm_config,
             transpose_decoder_linears,
             triton_gemm_enabled,
+            use_cpu_mm,
             weight_layout,
         )
 
@@ -200,8 +202,6 @@ class ModelRunner:
 
             self.proposer = build_proposer(spec, self)
             self.model.tap_indices = list(self.proposer.tap_indices)
-        from specserve.layers.linear import cpu_mm_enabled, use_cpu_mm
-
         # float32 CPU: the decode / verify / drafter GEMMs as W @ x.T (layers/linear.py CPU_MM_MAX_ROWS)
         self.cpu_mm = cpu_mm_enabled(device, dtype)
         if self.cpu_mm:
