@@ -400,6 +400,21 @@ def test_grow_dflash_keeps_the_function_then_trains_the_new_capacity():
     assert wide.down_proj.weight.grad[:, 96:].abs().sum() > 0
     with pytest.raises(ValueError, match="shrink"):
         grow_dflash(copy.deepcopy(d), 1, None)
+    # more taps: the fused-feature projection gets zero columns for layers 1 and 3, which it then learns to use
+    t = copy.deepcopy(d)
+    assert grow_dflash(t, None, None, [0, 1, 2, 3]) and not grow_dflash(t, None, None, [0, 1, 2, 3])
+    assert t.config.target_layer_ids == [0, 1, 2, 3] and t.fc.weight.shape == (HIDDEN, 4 * HIDDEN)
+    extra = torch.randn(2, 24, HIDDEN) * 3
+    taps4 = torch.cat([taps[..., :HIDDEN], extra, taps[..., HIDDEN:], -extra], -1)
+    torch.testing.assert_close(
+        _block_logits(t, embed, head, taps4, ids, anchors), before, atol=1e-4, rtol=1e-5
+    )
+    t.train()
+    _block_logits(t, embed, head, taps4, ids, anchors).logsumexp(-1).mean().backward()
+    assert t.fc.weight.grad[:, HIDDEN : 2 * HIDDEN].abs().sum() > 0
+    for bad in ([0, 1], [2, 0, 3], [0, 0, 2]):  # drops a tap / unsorted / repeated
+        with pytest.raises(ValueError, match="keep the drafter's taps"):
+            grow_dflash(copy.deepcopy(d), None, None, bad)
 
 
 def test_int8_rows_roundtrip_and_state():
@@ -794,6 +809,14 @@ def test_init_from_continues_an_exported_drafter(tmp_path, tiny, capsys):
     assert main(_dflash_args(tiny, str(tmp_path / "s"), "--max-steps", "1", "--init-from", str(tmp_path / "a"))
                 + ["--num-layers", "1"]) == 2  # fmt: skip
     assert "cannot shrink" in capsys.readouterr().err
+    # more taps: the exported drafter taps the new layers too; dropping one is a one-line error
+    assert main(_dflash_args(tiny, str(tmp_path / "t"), "--max-steps", "1", "--init-from", str(tmp_path / "a"))
+                + ["--target-layer-ids", "0", "1", "2"]) == 0  # fmt: skip
+    with open(tmp_path / "t" / "config.json") as f:
+        assert json.load(f)["dflash_config"]["target_layer_ids"] == [0, 1, 2]
+    assert main(_dflash_args(tiny, str(tmp_path / "u"), "--max-steps", "1", "--init-from", str(tmp_path / "a"))
+                + ["--target-layer-ids", "0"]) == 2  # fmt: skip
+    assert "keep the drafter's taps" in capsys.readouterr().err
     bad = str(tmp_path / "a")
     assert main(["eagle3", "--target", tiny["target"], "--data", tiny["data"], "--output", str(tmp_path / "c"),
                  "--init-from", bad]) == 2  # fmt: skip

@@ -166,7 +166,14 @@ def build_parser() -> argparse.ArgumentParser:
         "units with zero down-projection: the same function at step 0)",
     )
     m.add_argument("--block-size", type=int, default=16)
-    m.add_argument("--target-layer-ids", type=int, nargs="+", default=None)
+    m.add_argument(
+        "--target-layer-ids",
+        type=int,
+        nargs="+",
+        default=None,
+        help="target layers the drafter reads (default: z-lab's spacing for DFlash, vLLM's for EAGLE-3); with "
+        "--init-from, a DFlash drafter grows to tap these too (a superset of its own)",
+    )
     m.add_argument("--mask-token-id", type=int, default=None)
     m.add_argument("--draft-vocab-size", type=int, default=None, help="EAGLE-3 reduced vocab (default: full)")
     o = p.add_argument_group("objective and optimisation")
@@ -607,17 +614,27 @@ def _init_drafter(a: argparse.Namespace, target: Target) -> DFlashDrafter | Eagl
     ids = list(cfg.target_layer_ids)
     if any(not 0 <= i < target.num_layers for i in ids):
         raise TrainError(f"--init-from {a.init_from} taps layers {ids}; the target has {target.num_layers}")
-    target.tap_indices = [i + 1 for i in ids] if a.method == "dflash" else ids
     if isinstance(drafter, DFlashDrafter):
+        if a.target_layer_ids is not None and any(not 0 <= i < target.num_layers for i in a.target_layer_ids):
+            raise TrainError(
+                f"--target-layer-ids must be in [0, {target.num_layers - 1}] for this target, got {a.target_layer_ids}"
+            )
         try:
-            grow_dflash(drafter, a.num_layers, a.intermediate_size)
+            grow_dflash(drafter, a.num_layers, a.intermediate_size, a.target_layer_ids)
         except ValueError as e:
             raise TrainError(f"--init-from {a.init_from}: {e}") from e
+        ids = list(drafter.config.target_layer_ids)
+    elif a.target_layer_ids is not None and list(a.target_layer_ids) != ids:
+        raise TrainError(
+            f"--init-from {a.init_from} taps layers {ids}; EAGLE-3 heads keep their taps "
+            f"(got --target-layer-ids {a.target_layer_ids})"
+        )
     elif a.intermediate_size not in (None, cfg.intermediate_size):
         raise TrainError(
             f"--init-from {a.init_from} has intermediate size {cfg.intermediate_size}; EAGLE-3 heads are not "
             f"resized (got --intermediate-size {a.intermediate_size})"
         )
+    target.tap_indices = [i + 1 for i in ids] if a.method == "dflash" else ids
     rope = target.rope_inv_freq()
     if rope is not None:
         drafter.rotary.set_inv_freq(*rope)

@@ -430,24 +430,49 @@ class DFlashDrafter(nn.Module):
 
 
 @torch.no_grad()
-def grow_dflash(drafter: DFlashDrafter, num_layers: int | None, intermediate_size: int | None) -> bool:
+def grow_dflash(
+    drafter: DFlashDrafter,
+    num_layers: int | None,
+    intermediate_size: int | None,
+    target_layer_ids: list[int] | None = None,
+) -> bool:
     """Grow a trained DFlash drafter in place without changing what it computes (net2net-style), so more
     capacity can be trained on top of it: MLPs widened to ``intermediate_size`` (new gate/up rows initialised as
-    usual, the matching down-projection columns zero) and layers appended up to ``num_layers`` (o_proj and
-    down_proj zero: each new layer adds nothing to the residual stream until trained). ``None`` keeps a size.
-    Returns whether anything changed; shrinking raises ValueError."""
+    usual, the matching down-projection columns zero), layers appended up to ``num_layers`` (o_proj and
+    down_proj zero: each new layer adds nothing to the residual stream until trained) and more target layers
+    tapped (``target_layer_ids``, a sorted superset of the drafter's: the fused-feature projection ``fc`` gets
+    zero columns for the new taps). ``None`` keeps a size. Returns whether anything changed; shrinking or
+    dropping a tap raises ValueError."""
     cfg = drafter.config
     n_old, i_old = cfg.num_hidden_layers, cfg.intermediate_size
     n_new, i_new = num_layers or n_old, intermediate_size or i_old
+    ids_old = list(cfg.target_layer_ids)
+    ids_new = list(target_layer_ids) if target_layer_ids is not None else ids_old
     if n_new < n_old or i_new < i_old:
         raise ValueError(
             f"cannot shrink a drafter ({n_old} layers x intermediate {i_old} -> {n_new} x {i_new})"
         )
-    if (n_new, i_new) == (n_old, i_old):
+    if ids_new != sorted(set(ids_new)) or not set(ids_old) <= set(ids_new):
+        raise ValueError(
+            f"target layer ids {ids_new} must be sorted, without repeats, and keep the drafter's taps {ids_old}"
+        )
+    if (n_new, i_new, ids_new) == (n_old, i_old, ids_old):
         return False
     ref = next(drafter.parameters())
-    new_cfg = dataclasses.replace(cfg, num_hidden_layers=n_new, intermediate_size=i_new)
-    for layer in cast(list[DFlashLayer], list(drafter.layers)):
+    new_cfg = dataclasses.replace(
+        cfg, num_hidden_layers=n_new, intermediate_size=i_new, target_layer_ids=ids_new
+    )
+    if ids_new != ids_old:
+        ht, fc = cfg.target_hidden_size, drafter.fc
+        wide_fc = nn.Linear(len(ids_new) * ht, cfg.hidden_size, bias=False).to(
+            device=ref.device, dtype=ref.dtype
+        )
+        wide_fc.weight.zero_()
+        for j, i in enumerate(ids_old):
+            k = ids_new.index(i)
+            wide_fc.weight[:, k * ht : (k + 1) * ht] = fc.weight[:, j * ht : (j + 1) * ht]
+        drafter.fc = wide_fc
+    for layer in cast(list[DFlashLayer], list(drafter.layers) if i_new != i_old else []):
         mlp, wide = layer.mlp, MLP(cfg.hidden_size, i_new).to(device=ref.device, dtype=ref.dtype)
         init_weights(wide)
         wide.gate_proj.weight[:i_old] = mlp.gate_proj.weight
