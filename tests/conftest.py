@@ -99,6 +99,22 @@ def tiny_qwen2_dir(tmp_path_factory, smol_tokenizer) -> str:
     return build_tiny("qwen2", tmp_path_factory.mktemp("tiny_qwen2"), smol_tokenizer, seed=3)
 
 
+# two decoder layers (a first and a last one, the hand-over between layers as with four): for the engine tests that
+# run the Triton kernels under the interpreter, whose time grows with the launches, i.e. with the layers
+@pytest.fixture(scope="session")
+def tiny2_qwen3_dir(tmp_path_factory, smol_tokenizer) -> str:
+    return build_tiny(
+        "qwen3", tmp_path_factory.mktemp("tiny2_qwen3"), smol_tokenizer, seed=2, num_hidden_layers=2
+    )
+
+
+@pytest.fixture(scope="session")
+def tiny2_qwen2_dir(tmp_path_factory, smol_tokenizer) -> str:
+    return build_tiny(
+        "qwen2", tmp_path_factory.mktemp("tiny2_qwen2"), smol_tokenizer, seed=3, num_hidden_layers=2
+    )
+
+
 @pytest.fixture(scope="session")
 def often_qwen3_dir(tiny_qwen3_dir, tmp_path_factory) -> str:
     """tiny_qwen3_dir with two LM-head rows scaled up: target and drafter mostly pick one of two tokens, so

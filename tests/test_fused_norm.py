@@ -15,6 +15,10 @@ TINY_TILES = ",".join(
     f"{n}@{r}{lay}=16:16:2:4" for n in ("qkv", "o", "gate_up", "down") for r in (1, 16) for lay in ("", "nk")
 )
 
+# the engine test's tiles: 32 columns (half the interpreted programs of TINY_TILES; still two N blocks of the 64-wide
+# residual stream, so the norm prologue sums two blocks' sums of squares), K loops of 2-4 steps of 16
+ENGINE_TILES = TINY_TILES.replace("=16:", "=32:")
+
 
 def _weight(k: int, n: int, layout: str, dtype: torch.dtype) -> torch.Tensor:
     w = torch.randn(k, n) / 8
@@ -86,7 +90,7 @@ def test_fused_norm_rejects_bad_inputs(monkeypatch):
 
 # mode 1 (the default's, at one row): the add epilogues with rms_norm kernels, with DFlash; 2: and the norm prologues
 @pytest.mark.parametrize(("layout", "mode"), [("kn", "1"), ("nk", "2")])
-def test_engine_tokens_unchanged_with_fused_norm(tiny_qwen3_dir, tmp_path, layout, mode, monkeypatch):
+def test_engine_tokens_unchanged_with_fused_norm(tiny2_qwen3_dir, tmp_path, layout, mode, monkeypatch):
     """Greedy tokens (float32) of plain decoding at 1 and 2 rows and of DFlash K=4 (5-row verify steps, the drafter's
     block on the same path) equal those without the fused norms, and the fused path ran (two residual-add GEMMs a
     layer, the ``rms_norm`` launches each mode leaves)."""
@@ -99,7 +103,7 @@ def test_engine_tokens_unchanged_with_fused_norm(tiny_qwen3_dir, tmp_path, layou
     monkeypatch.setenv("SPECSERVE_WEIGHT_LAYOUT", layout)
     monkeypatch.setenv("SPECSERVE_TRITON_GEMM", "1")
     monkeypatch.setenv("SPECSERVE_SPLIT_GEMM", "qkv=2,o=2,down=4")
-    monkeypatch.setenv("SPECSERVE_TRITON_GEMM_TILES", TINY_TILES)
+    monkeypatch.setenv("SPECSERVE_TRITON_GEMM_TILES", ENGINE_TILES)
     # small models' one-row six-kernel layer off: their one-row steps take the split path too
     monkeypatch.setenv("SPECSERVE_TRITON_GEMV", "0")
     prompts = ["The capital of France is", "def f(x):"]
@@ -110,14 +114,14 @@ def test_engine_tokens_unchanged_with_fused_norm(tiny_qwen3_dir, tmp_path, layou
     real_add, real_norm = ts.splitk_add, tf._launch_rms_norm
     monkeypatch.setattr(ts, "splitk_add", lambda x, *a, **k: adds.append(x.shape[0]) or real_add(x, *a, **k))
     monkeypatch.setattr(tf, "_launch_rms_norm", lambda x, *a, **k: norms.append(1) or real_norm(x, *a, **k))
-    mc = json.loads((Path(tiny_qwen3_dir) / "config.json").read_text())
+    mc = json.loads((Path(tiny2_qwen3_dir) / "config.json").read_text())
     n = mc["num_hidden_layers"]
     dflash = make_dflash(tmp_path / "d", mc["hidden_size"], n, mc["vocab_size"], layer_ids=[0, 1])
     spec = {"method": "dflash", "model": dflash, "num_speculative_tokens": 4}
     outs = {}
     for flag in ("0", mode):
         monkeypatch.setenv("SPECSERVE_FUSED_NORM", flag)
-        llm = LLM(tiny_qwen3_dir, **kw)
+        llm = LLM(tiny2_qwen3_dir, **kw)
         adds.clear()
         outs[flag] = [o.outputs[0].token_ids for o in llm.generate(prompts, sp)]
         if mode == "1":  # one-row steps through the whole run (the default's case)
@@ -132,7 +136,7 @@ def test_engine_tokens_unchanged_with_fused_norm(tiny_qwen3_dir, tmp_path, layou
             # the final norm, and at the one-row step the cuBLAS gate_up's input norm a layer
             assert len(norms) == (2 * (2 * n + 1) if flag == "1" else 2 + (n + 2))
         if mode == "1" and flag == "1":  # (one speculative run keeps the suite short)
-            llm = LLM(tiny_qwen3_dir, speculative_config=spec, **kw)
+            llm = LLM(tiny2_qwen3_dir, speculative_config=spec, **kw)
             adds.clear()
             outs[flag + "spec"] = [o.outputs[0].token_ids for o in llm.generate(prompts, sp)]
             assert llm.get_metrics()["spec_decode_num_drafts"] > 0
