@@ -135,9 +135,11 @@ def test_identical_to_sync_on_the_fused_kernels(often_qwen3_dir, dflash_dir):
     sync = _llm(often_qwen3_dir, dflash_dir, 4, False, **kw)
     asy = _llm(often_qwen3_dir, dflash_dir, 4, True, **kw)
     assert asy.engine.runner.backend.fused
-    params = [SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)]
+    # 12 tokens (interpreted steps are slow): 8 steps, a draft accepted at the 4th, drafts cut by the budget at the end
+    params = [SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)]
     obs_want = _same_as_sync(sync, asy, PROMPTS[:1], params)
     assert len({na for nd, na in obs_want if nd == 4}) >= 2
+    assert any(0 < nd < 4 for nd, _ in obs_want)
 
 
 def test_identical_to_sync_eagle3(often_qwen3_dir, tmp_path):
