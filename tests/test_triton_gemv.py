@@ -159,7 +159,7 @@ def test_six_kernel_layers_match_the_fused_path(qwen3, attn, monkeypatch):
     assert len(calls) == n0
 
 
-def test_llm_greedy_and_dflash_lossless_with_gemv(tiny_qwen3_dir, tmp_path, monkeypatch):
+def test_llm_greedy_and_dflash_lossless_with_gemv(tiny2_qwen3_dir, tmp_path, monkeypatch):
     """End to end through the engine on the Triton backend: plain greedy tokens equal the nine-kernel path's,
     and DFlash K=4 (5-row verify steps through the same kernel) emits exactly the plain tokens."""
     from drafters import make_dflash
@@ -173,11 +173,11 @@ def test_llm_greedy_and_dflash_lossless_with_gemv(tiny_qwen3_dir, tmp_path, monk
     outs = {}
     for flag in ("0", "1"):
         monkeypatch.setenv("SPECSERVE_TRITON_GEMV", flag)
-        outs[flag] = [o.outputs[0].token_ids for o in LLM(tiny_qwen3_dir, **kw).generate(prompts, sp)]
+        outs[flag] = [o.outputs[0].token_ids for o in LLM(tiny2_qwen3_dir, **kw).generate(prompts, sp)]
     assert outs["1"] == outs["0"]
-    dflash = make_dflash(tmp_path / "d", 64, 4, 49152, layer_ids=[0, 2])
+    dflash = make_dflash(tmp_path / "d", 64, 2, 49152, layer_ids=[0, 1])
     spec = {"method": "dflash", "model": dflash, "num_speculative_tokens": 4}
-    llm = LLM(tiny_qwen3_dir, speculative_config=spec, **kw)
+    llm = LLM(tiny2_qwen3_dir, speculative_config=spec, **kw)
     assert [o.outputs[0].token_ids for o in llm.generate(prompts, sp)] == outs["1"]
     assert llm.get_metrics()["spec_decode_num_drafts"] > 0
 
