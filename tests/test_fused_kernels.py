@@ -344,7 +344,7 @@ def test_dflash_drafter_fused_path(attn: str) -> None:
         torch.testing.assert_close(vc, vr, atol=1e-5, rtol=1e-5)
 
 
-def test_llm_greedy_triton_backend_fused_on_cpu(tiny_qwen3_dir, monkeypatch) -> None:
+def test_llm_greedy_triton_backend_fused_on_cpu(tiny2_qwen3_dir, monkeypatch) -> None:
     from specserve import LLM, SamplingParams
 
     monkeypatch.delenv("SPECSERVE_FUSED_KERNELS", raising=False)  # the default: fused on the triton backend
@@ -353,12 +353,14 @@ def test_llm_greedy_triton_backend_fused_on_cpu(tiny_qwen3_dir, monkeypatch) -> 
     sp = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
     outs = {}
     for backend in ("torch", "triton"):
-        llm = LLM(tiny_qwen3_dir, dtype="float32", device="cpu", attention_backend=backend, num_gpu_blocks=16)
+        llm = LLM(
+            tiny2_qwen3_dir, dtype="float32", device="cpu", attention_backend=backend, num_gpu_blocks=16
+        )
         assert llm.engine.runner.backend.fused == (backend == "triton")
         outs[backend] = [o.outputs[0].token_ids for o in llm.generate(prompts, sp)]
     assert outs["triton"] == outs["torch"]
     monkeypatch.setenv("SPECSERVE_FUSED_KERNELS", "0")  # the opt-out
-    llm = LLM(tiny_qwen3_dir, dtype="float32", device="cpu", attention_backend="triton", num_gpu_blocks=16)
+    llm = LLM(tiny2_qwen3_dir, dtype="float32", device="cpu", attention_backend="triton", num_gpu_blocks=16)
     assert not llm.engine.runner.backend.fused
 
 
