@@ -1181,3 +1181,50 @@ def test_engine_generator_samples_repeated_prompts_apart(tiny_qwen3_dir):
     assert first == again
     assert len({tuple(r) for r in first[:3]}) == 3
     assert greedy[0] == greedy[1] == greedy[2]
+
+
+def test_target_labels_are_the_targets_greedy_choices(tmp_path, tiny):
+    """``features_and_labels``: the same taps as ``features`` and, at every position p >= 1, the argmax of the HF
+    model's logits at p - 1. ``--labels target`` trains on those: identical to ``--labels data`` on answers the
+    target wrote greedily, different on answers it did not write (the synthetic data here)."""
+    from transformers import LlamaForCausalLM
+
+    from specserve.train.target import load_target
+
+    target = load_target(tiny["target"], "cpu", torch.float32)
+    target.tap_indices = [1, 3]
+    torch.manual_seed(0)
+    ids = torch.randint(3, VOCAB, (3, 21))
+    taps, labels = target.features_and_labels(ids, chunk=16)  # several chunks of rows
+    torch.testing.assert_close(taps, target.features(ids), rtol=0, atol=0)
+    hf = LlamaForCausalLM.from_pretrained(tiny["target"]).eval()
+    with torch.no_grad():
+        want = hf(ids).logits.argmax(-1)
+    assert torch.equal(labels[:, 0], ids[:, 0]) and torch.equal(labels[:, 1:], want[:, :-1])
+    # greedy answers of the target itself: both label sources give the same training run
+    greedy = str(tmp_path / "greedy.jsonl")
+    with open(greedy, "w") as f:
+        for i in range(8):
+            p = [1] + [
+                int(t) for t in torch.randint(10, 250, (5,), generator=torch.Generator().manual_seed(i))
+            ]
+            with torch.no_grad():
+                out = hf.generate(torch.tensor([p]), max_new_tokens=24, do_sample=False, min_new_tokens=24)
+            r = out[0, len(p) :].tolist()
+            f.write(json.dumps({"input_ids": p + r, "loss_mask": [0] * len(p) + [1] * len(r)}) + "\n")
+    own = {**tiny, "data": greedy}
+    steps = ("--max-steps", "3", "--epochs", "100", "--log-every", "1")
+    hist = {
+        lab: run(parse_args(_dflash_args(own, str(tmp_path / lab), *steps, "--labels", lab))).metrics[
+            "history"
+        ]
+        for lab in ("data", "target")
+    }
+    assert [h["loss"] for h in hist["data"]] == pytest.approx([h["loss"] for h in hist["target"]], rel=1e-5)
+    for make in (_dflash_args, _eagle_args):  # the synthetic answers: the tiny target never wrote these
+        h_data, h_tgt = (
+            run(parse_args(make(tiny, str(tmp_path / f"s{lab}"), *steps, "--labels", lab))).metrics["history"]
+            for lab in ("data", "target")
+        )
+        assert h_data[0]["loss"] != pytest.approx(h_tgt[0]["loss"], rel=1e-3)
+    assert main(_dflash_args(tiny, str(tmp_path / "bad"), "--labels", "sampled")) == 2

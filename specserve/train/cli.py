@@ -178,6 +178,14 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--draft-vocab-size", type=int, default=None, help="EAGLE-3 reduced vocab (default: full)")
     o = p.add_argument_group("objective and optimisation")
     o.add_argument("--num-anchors", type=int, default=512)
+    o.add_argument(
+        "--labels",
+        choices=("data", "target"),
+        default="data",
+        help="what the drafter learns to predict: 'data', the tokens of the training answers, or 'target', the "
+        "token the target itself would pick greedily at each position (what greedy verification accepts; "
+        "differs from 'data' on answers sampled at a temperature; costs one full target forward per batch)",
+    )
     o.add_argument("--gamma", type=float, default=None, help="DFlash loss decay (default 7 * block/16)")
     o.add_argument("--ttt-steps", type=int, default=7)
     o.add_argument("--epochs", type=float, default=1.0)
@@ -719,6 +727,7 @@ def run(a: argparse.Namespace) -> TrainResult:
         num_anchors=a.num_anchors,
         gamma=a.gamma,
         ttt_steps=a.ttt_steps,
+        labels=a.labels,
         attn_backend=a.attn_backend,
         log_every=a.log_every,
         stop_after=a.stop_after,

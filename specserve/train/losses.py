@@ -125,13 +125,15 @@ def build_dflash_blocks(
     valid: torch.Tensor,
     block_size: int,
     mask_token_id: int,
+    label_ids: torch.Tensor | None = None,
 ) -> dict[str, Any]:
     """Block inputs for anchored training. Shapes: ``Q = N * block_size``.
 
     block_ids ``[B, Q]`` = ``[x_a, MASK x (B-1)]`` per anchor, positions ``[B, Q]`` = ``a..a+B-1``,
-    labels ``[B, N, K]`` (label k is ``x_{a+k}``), label_ok ``[B, N, K]`` (k >= 1, inside the sequence and
-    the loss mask, anchor valid), mask: a :class:`BlockVisibility` (a block sees the context positions < a,
-    none for an invalid anchor, and its own block; ``mask.ctx_mask()`` is the dense ``[B, Q, S]`` form).
+    labels ``[B, N, K]`` (label k is ``x_{a+k}``, or ``label_ids[a+k]`` when given), label_ok ``[B, N, K]``
+    (k >= 1, inside the sequence and the loss mask, anchor valid), mask: a :class:`BlockVisibility` (a block
+    sees the context positions < a, none for an invalid anchor, and its own block; ``mask.ctx_mask()`` is the
+    dense ``[B, Q, S]`` form).
     """
     b, s = input_ids.shape
     n = anchors.shape[1]
@@ -140,7 +142,7 @@ def build_dflash_blocks(
     pos = anchors[:, :, None] + offs  # [B, N, K]
     inside = pos < s
     pos_c = pos.clamp(max=s - 1).view(b, n * k)
-    labels = input_ids.gather(1, pos_c).view(b, n, k)
+    labels = (input_ids if label_ids is None else label_ids).gather(1, pos_c).view(b, n, k)
     label_ok = inside & loss_mask.bool().gather(1, pos_c).view(b, n, k) & valid[:, :, None]
     label_ok[:, :, 0] = False
     block_ids = torch.full((b, n, k), mask_token_id, dtype=input_ids.dtype, device=input_ids.device)
@@ -195,12 +197,15 @@ class DFlashObjective(nn.Module):
         loss_mask: torch.Tensor,
         anchors: torch.Tensor,
         valid: torch.Tensor,
+        label_ids: torch.Tensor | None = None,
         return_runs: bool = False,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """``return_runs``: also ``stats["runs"]`` ``[B, N]``, each anchor's leading run of correct drafts."""
+        """``label_ids`` ``[B, S]``: the token to predict at each position (default ``input_ids``; the target's
+        greedy choices with ``--labels target``). ``return_runs``: also ``stats["runs"]`` ``[B, N]``, each
+        anchor's leading run of correct drafts."""
         b, s = input_ids.shape
         k = self.block_size
-        blk = build_dflash_blocks(input_ids, loss_mask, anchors, valid, k, self.mask_token_id)
+        blk = build_dflash_blocks(input_ids, loss_mask, anchors, valid, k, self.mask_token_id, label_ids)
         embeds = F.embedding(blk["block_ids"], self.embed_weight)
         ctx_pos = torch.arange(s, device=input_ids.device).expand(b, s)
         hidden = self.drafter(embeds, taps, blk["positions"], ctx_pos, blk["mask"], self.backend)
@@ -267,10 +272,18 @@ class Eagle3Objective(nn.Module):
         self.ce_chunk = ce_chunk
 
     def forward(
-        self, taps: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.Tensor, return_runs: bool = False
+        self,
+        taps: torch.Tensor,
+        input_ids: torch.Tensor,
+        loss_mask: torch.Tensor,
+        label_ids: torch.Tensor | None = None,
+        return_runs: bool = False,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """``return_runs``: also ``stats["runs"]`` ``[B, S]``: at index t, the leading run of correct drafts from
+        """``label_ids`` ``[B, S]``: the token to predict at each position (default ``input_ids``).
+        ``return_runs``: also ``stats["runs"]`` ``[B, S]``: at index t, the leading run of correct drafts from
         anchor ``t + 1`` (the drafter at t reads token ``x_{t+1}`` and drafts ``x_{t+2}``, ...)."""
+        if label_ids is None:
+            label_ids = input_ids
         d = self.drafter
         b, s = input_ids.shape
         dev = input_ids.device
@@ -294,7 +307,7 @@ class Eagle3Objective(nn.Module):
             out = d.step(embeds, hidden, (t + j).expand(b, s), cache)
             lab_pos = t + 2 + j
             lab_ok = (lab_pos < s)[None, :] & lm[:, lab_pos.clamp(max=s - 1)]
-            labels = input_ids[:, lab_pos.clamp(max=s - 1)]
+            labels = label_ids[:, lab_pos.clamp(max=s - 1)]
             if t2d is not None:
                 dl = t2d[labels]
                 lab_ok = lab_ok & (dl >= 0)

@@ -270,6 +270,25 @@ class Target:
 
         Runs only as many decoder layers as the deepest tap needs.
         """
+        return self._run(input_ids, greedy=False)[0]
+
+    @torch.no_grad()
+    def features_and_labels(
+        self, input_ids: torch.Tensor, chunk: int = 4096
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The taps and the target's greedy labels ``[B, S]``: at position p (p >= 1) the token the target
+        itself would choose after ``input_ids[:, :p]`` (argmax of its logits at p - 1; position 0 keeps its
+        token). Greedy verification accepts a draft exactly when it equals these, whatever temperature the
+        training answers were sampled at. One full forward; the logits are formed ``chunk`` rows at a time."""
+        taps, last = self._run(input_ids, greedy=True)
+        assert last is not None
+        w = self.lm_head_weight
+        flat = last.reshape(-1, last.shape[-1])
+        nxt = torch.cat([(flat[i : i + chunk] @ w.T).argmax(-1) for i in range(0, flat.shape[0], chunk)])
+        nxt = nxt.view(input_ids.shape).to(input_ids.dtype)
+        return taps, torch.cat([input_ids[:, :1], nxt[:, :-1]], dim=1)
+
+    def _run(self, input_ids: torch.Tensor, greedy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         if not self.tap_indices:
             raise TrainError("no feature taps configured")
         dec = self._decoder()
@@ -281,7 +300,7 @@ class Target:
         def make_hook(idx: int):
             def hook(_mod: nn.Module, _inp: Any, out: Any) -> None:
                 captured[idx] = out[0] if isinstance(out, tuple) else out
-                if idx == deepest:
+                if idx == deepest and not greedy:
                     raise _StopForward
 
             return hook
@@ -289,14 +308,18 @@ class Target:
         for idx in sorted(set(self.tap_indices)):
             mod = dec.embed_tokens if idx == 0 else layers[idx - 1]
             hooks.append(mod.register_forward_hook(make_hook(idx)))
+        last = None
         try:
-            dec(input_ids=input_ids, use_cache=False)
+            out = dec(input_ids=input_ids, use_cache=False)
+            last = (
+                out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+            )  # after the final norm
         except _StopForward:
             pass
         finally:
             for h in hooks:
                 h.remove()
-        return torch.cat([captured[i] for i in self.tap_indices], dim=-1)
+        return torch.cat([captured[i] for i in self.tap_indices], dim=-1), last
 
 
 def load_target(path: str, device: torch.device | str, dtype: torch.dtype) -> Target:

@@ -48,6 +48,7 @@ class TrainArgs:
     num_anchors: int = 512
     gamma: float | None = None
     ttt_steps: int = 7
+    labels: str = "data"  # "data": the training tokens; "target": the target's greedy next tokens
     attn_backend: str = "auto"
     ce_chunk: int = 8192
     log_every: int = 10
@@ -225,12 +226,15 @@ class Trainer:
         ids = ids.to(self.device, non_blocking=True)
         mask = mask.to(self.device, non_blocking=True)
         self.tokens_seen += int(mask.sum()) * self.world
-        taps = self.target.features(ids)
+        if args.labels == "target":
+            taps, label_ids = self.target.features_and_labels(ids)
+        else:
+            taps, label_ids = self.target.features(ids), ids
         if self.is_dflash:
             anchors, valid = sample_anchors(mask, args.num_anchors, self.generator)
-            stats = self._dflash_forward_backward(taps, ids, mask, anchors, valid)
+            stats = self._dflash_forward_backward(taps, ids, mask, anchors, valid, label_ids)
         else:
-            stats = self._forward_backward(taps, ids, mask)
+            stats = self._forward_backward(taps, ids, mask, label_ids)
         if args.max_grad_norm > 0:
             torch.nn.utils.clip_grad_norm_(self.drafter.parameters(), args.max_grad_norm)
         self.optimizer.step()
