@@ -1,0 +1,17 @@
+# call 3: with the drafters chosen after call 2 (DF / E3): SmolLM2 batch 1 vs HF static (same run, graphs == eager),
+# then bench serve through the HTTP server (mt-bench, with and without speculation)
+T0=$(date +%s)
+export PYTHONPATH=/root/site:$PWD PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+pip install -q --no-index --no-deps --target /root/site .whl/*.whl 2>&1 | grep -v WARN | tail -2
+G=/root/smollm2.gguf; R=/root/r3; mkdir -p $R
+DF=${DF:-/root/new/smollm2-135m-dflash}; E3=${E3:-/root/new/smollm2-135m-eagle3}
+echo "drafters: $DF $E3"
+timeout ${ST:-200} python benchmarks/smollm2_gpu.py --gguf $G --dflash $DF --eagle3 $E3 --hf-timeout 150 \
+    --only plain "dflash K=15" "eagle3 K=7" --timed-file /root/ev/gsm8k_test.jsonl:2 --out $R/smollm2_gpu-h200.json > $R/smollm2_gpu.log 2>&1
+grep -v "^INFO" $R/smollm2_gpu.log | tail -22
+echo "[c3] smollm2 at $(( $(date +%s) - T0 )) s"
+S="{\"method\":\"dflash\",\"model\":\"$DF\",\"num_speculative_tokens\":15}"
+OUTPUT_LEN=256 CONCURRENCY="${CONC:-1 4}" timeout ${BT:-150} bash benchmarks/serve_e2e.sh $G /root/ev/mt_bench_question.jsonl $R/e2e 16 "$S" > $R/e2e.log 2>&1
+grep -h "Output token throughput\|Mean TPOT\|cceptance" $R/e2e/bench-*.txt
+mkdir -p $OUT && tar -C /root -czf $OUT/r3.tgz r3
+echo "[c3] total $(( $(date +%s) - T0 )) s"
