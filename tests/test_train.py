@@ -817,6 +817,10 @@ def test_init_from_continues_an_exported_drafter(tmp_path, tiny, capsys):
     assert main(_dflash_args(tiny, str(tmp_path / "u"), "--max-steps", "1", "--init-from", str(tmp_path / "a"))
                 + ["--target-layer-ids", "0"]) == 2  # fmt: skip
     assert "keep the drafter's taps" in capsys.readouterr().err
+    for extra in (["--init-from", str(tmp_path / "a")], []):  # a layer the target lacks: grown or fresh
+        assert main(_dflash_args(tiny, str(tmp_path / "v"), "--max-steps", "1", *extra)
+                    + ["--target-layer-ids", "0", "2", "9"]) == 2  # fmt: skip
+        assert "--target-layer-ids must be in [0, 3]" in capsys.readouterr().err
     bad = str(tmp_path / "a")
     assert main(["eagle3", "--target", tiny["target"], "--data", tiny["data"], "--output", str(tmp_path / "c"),
                  "--init-from", bad]) == 2  # fmt: skip

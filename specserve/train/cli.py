@@ -557,8 +557,7 @@ def _build_drafter(
     if a.method == "dflash":
         layers = a.num_layers or 5
         ids = a.target_layer_ids or default_dflash_layer_ids(n_layers, layers)
-        if any(not 0 <= i < n_layers for i in ids):
-            raise TrainError(f"--target-layer-ids must be in [0, {n_layers - 1}] for this target, got {ids}")
+        _check_layer_ids(ids, n_layers)
         mask_id = a.mask_token_id
         if mask_id is None:
             mask_id = pick_mask_token_id(tokenizer, samples, target.vocab_size)
@@ -577,8 +576,7 @@ def _build_drafter(
         if a.num_layers not in (None, 1):
             raise TrainError("EAGLE-3 drafters have exactly one layer (--num-layers 1)")
         ids = a.target_layer_ids or default_eagle3_layer_ids(n_layers)
-        if any(not 0 <= i < n_layers for i in ids):
-            raise TrainError(f"--target-layer-ids must be in [0, {n_layers - 1}] for this target, got {ids}")
+        _check_layer_ids(ids, n_layers)
         dv = a.draft_vocab_size
         if dv is None and target.vocab_size > 65536:
             dv = 32000
@@ -602,6 +600,11 @@ def _build_drafter(
     return drafter
 
 
+def _check_layer_ids(ids: list[int], n_layers: int) -> None:
+    if any(not 0 <= i < n_layers for i in ids):
+        raise TrainError(f"--target-layer-ids must be in [0, {n_layers - 1}] for this target, got {ids}")
+
+
 def _init_drafter(a: argparse.Namespace, target: Target) -> DFlashDrafter | Eagle3Drafter:
     """The drafter exported in ``--init-from`` (its own architecture and taps), checked against the target."""
     from specserve.train.export import load_drafter
@@ -623,10 +626,8 @@ def _init_drafter(a: argparse.Namespace, target: Target) -> DFlashDrafter | Eagl
     if any(not 0 <= i < target.num_layers for i in ids):
         raise TrainError(f"--init-from {a.init_from} taps layers {ids}; the target has {target.num_layers}")
     if isinstance(drafter, DFlashDrafter):
-        if a.target_layer_ids is not None and any(not 0 <= i < target.num_layers for i in a.target_layer_ids):
-            raise TrainError(
-                f"--target-layer-ids must be in [0, {target.num_layers - 1}] for this target, got {a.target_layer_ids}"
-            )
+        if a.target_layer_ids is not None:
+            _check_layer_ids(a.target_layer_ids, target.num_layers)
         try:
             grow_dflash(drafter, a.num_layers, a.intermediate_size, a.target_layer_ids)
         except ValueError as e:
