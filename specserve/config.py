@@ -102,6 +102,8 @@ class SpeculativeConfig:
     model: str | None = None
     num_speculative_tokens: int = 0
     disable_padded_drafter_batch: bool = False
+    # vLLM's: no drafts for the next step while more than this many requests are in the batch
+    disable_by_batch_size: int | None = None
     draft_tensor_parallel_size: int | None = None
     prompt_lookup_min: int | None = None
     prompt_lookup_max: int | None = None
@@ -187,6 +189,11 @@ class SpeculativeConfig:
         mml = d.get("max_model_len")
         if mml is not None and (not isinstance(mml, int) or mml < 1):
             raise ValueError(f"speculative_config: 'max_model_len' must be a positive integer, got {mml!r}.")
+        dbs = d.get("disable_by_batch_size")
+        if dbs is not None and (not isinstance(dbs, int) or isinstance(dbs, bool) or dbs < 2):
+            raise ValueError(
+                f"speculative_config: 'disable_by_batch_size' must be an integer >= 2, got {dbs!r}."
+            )
         d.setdefault("disable_padded_drafter_batch", False)
         return cls(**d)
 

@@ -256,6 +256,11 @@ def test_speculative_config_validation(tiny_qwen3_dir, dflash_dir, tmp_path):
         SpeculativeConfig.from_any({"model": "AngelSlim/Qwen3-8B_eagle3", "num_speculative_tokens": 3}).method
         == "eagle3"
     )
+    for bad in (1, 2.5, True, "4"):
+        with pytest.raises(ValueError, match="'disable_by_batch_size' must be an integer >= 2"):
+            SpeculativeConfig.from_any(
+                {"method": "ngram", "num_speculative_tokens": 2, "disable_by_batch_size": bad}
+            )
     cfg = SpeculativeConfig.from_any(
         '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4}'
     )
@@ -434,3 +439,61 @@ def test_spec_max_model_len_caps_drafting(tiny_qwen3_dir, smol_tokenizer, baseli
     assert outs == baseline[:1]
     m = llm.get_metrics()
     assert 0 < m["spec_decode_num_draft_tokens"] <= sum(range(1, 6))
+
+
+def _drafts_by_prefix(
+    llm: LLM, prompts, params, watch: int
+) -> tuple[list[list[int]], dict, list[tuple[int, bool]]]:
+    """Step the engine to the end; per step (running requests at its start, whether any running request holds
+    drafts after it), and request ``watch``'s drafts keyed by its committed tokens at the time."""
+    eng = llm.engine
+    for i, (p, sp) in enumerate(zip(prompts, params)):
+        eng.add_request(str(i), p, sp)
+    watched = None
+    drafts: dict[tuple[int, ...], list[int]] = {}
+    steps: list[tuple[int, bool]] = []
+    outs: dict[str, list[int]] = {}
+    while eng.has_unfinished_requests():
+        running = len(eng.scheduler.running) + len(eng.scheduler.waiting)
+        for o in eng.step():
+            if o.finished:
+                outs[o.request_id] = list(o.outputs[0].token_ids)
+        reqs = list(eng.scheduler.running)
+        watched = next((r for r in reqs if r.request_id == str(watch)), None)
+        if watched is not None and watched.spec_token_ids:
+            drafts[tuple(watched.token_ids)] = list(watched.spec_token_ids)
+        steps.append((running, any(r.spec_token_ids for r in reqs)))
+    m = llm.get_metrics()
+    assert m["num_free_blocks"] == m["num_gpu_blocks"]  # no KV block leaked
+    return [outs[str(i)] for i in range(len(prompts))], drafts, steps
+
+
+@pytest.mark.parametrize("method", ["dflash", "eagle3"])
+@pytest.mark.parametrize("async_on", [False, True])
+def test_disable_by_batch_size(method, async_on, tiny_qwen3_dir, baseline, dflash_dir, eagle_dir):
+    """vLLM's disable_by_batch_size: no drafts while more requests than that run; once the batch shrinks,
+    drafting resumes with the drafter's context whole (it read the target features of the plain steps): its
+    drafts then equal those of a run that drafted at every step, at the same committed tokens."""
+    model = dflash_dir if method == "dflash" else eagle_dir
+    spec = {"method": method, "model": model, "num_speculative_tokens": 3}
+    kw = dict(padded_decode=True, async_spec=async_on)
+    short = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
+    long = SamplingParams(temperature=0, max_tokens=N, ignore_eos=True)
+    gated = _spec_llm(tiny_qwen3_dir, dict(spec, disable_by_batch_size=2), **kw)
+    outs, drafts, steps = _drafts_by_prefix(gated, PROMPTS[:3], [short, long, short], watch=1)
+    assert outs == [baseline[0][:5], baseline[1], baseline[2][:5]]  # lossless
+    # three running: no drafts; the two short ones done: drafting resumed
+    assert steps[0][0] == 3 and not any(has for n, has in steps if n > 2)
+    assert any(has for n, has in steps if n <= 2) and drafts
+    m = gated.get_metrics()
+    assert m["spec_decode_num_drafts"] > 0
+    always = _spec_llm(tiny_qwen3_dir, spec, **kw)
+    outs1, ref, _ = _drafts_by_prefix(always, PROMPTS[1:2], [long], watch=0)
+    assert outs1 == [baseline[1]]
+    common = [k for k in drafts if k in ref]
+    assert len(common) >= 3
+    assert all(drafts[k] == ref[k] for k in common)
+    # the threshold counts requests: at 3 the same three requests draft from the first step on
+    three = _spec_llm(tiny_qwen3_dir, dict(spec, disable_by_batch_size=3), **kw)
+    outs3, _, steps3 = _drafts_by_prefix(three, PROMPTS[:3], [short, long, short], watch=1)
+    assert outs3 == outs and steps3[0] == (3, True)

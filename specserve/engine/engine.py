@@ -433,7 +433,7 @@ class LLMEngine:
         for r in sch.running:
             if r.num_output_tokens + q + 1 >= r.max_tokens or r.num_tokens + 3 * q + 1 >= cap:
                 return None
-        if len(sch.running) * q > sch.max_num_batched_tokens:
+        if len(sch.running) * q > sch.max_num_batched_tokens or not runner.drafting_on(len(sch.running)):
             return None
         # the same order as the synchronous scheduler would give (running order)
         items = [ScheduledRequest(r, 1, []) for r in sch.running]
@@ -458,6 +458,7 @@ class LLMEngine:
         q = self.num_spec + 1
         touched: set[str] = set()
         now = time.monotonic()
+        drafting_on = self.runner.drafting_on(len(step.items))
         for s, vals in zip(step.items, rows):
             req = s.req
             if req.is_finished:
@@ -467,7 +468,7 @@ class LLMEngine:
             n_acc = len(toks) - 1
             if nd:
                 self.spec_stats.observe(nd, n_acc)
-            max_drafts = max(0, self.runner._draft_budget(req, len(toks)))
+            max_drafts = max(0, self.runner._draft_budget(req, len(toks))) if drafting_on else 0
             req.num_computed_tokens += 1 + n_acc
             if self._commit(req, toks, None, now, touched):
                 d = vals[q + 1 : q + 1 + max_drafts]

@@ -43,6 +43,9 @@ class ScheduledRequest:
 class SchedulerOutput:
     scheduled: list[ScheduledRequest]
     preempted: list[Request]
+    # requests in the batch (disable_by_batch_size): the running ones plus the waiting ones max_num_seqs admits
+    # (vLLM schedules those in one step; a prefill_alone step takes them one by one)
+    batch_size: int = 0
 
     @property
     def num_tokens(self) -> int:
@@ -118,7 +121,7 @@ class Scheduler:
                 if n > limit or not self.bm.allocate(req, self._slots_needed(req, n)):
                     return None
                 req.spec_token_ids = []
-                return SchedulerOutput([ScheduledRequest(req, n, [])], [])
+                return SchedulerOutput([ScheduledRequest(req, n, [])], [], self._batch_size())
         if not self.waiting or len(self.waiting) > PREFILL_ALONE_MAX_WAITING:
             return None
         if len(self.running) >= self.max_num_seqs:
@@ -127,7 +130,10 @@ class Scheduler:
         if req.num_tokens - req.num_computed_tokens > limit:  # longer prompts: the usual (batched) path
             return None
         s = self._admit(limit)
-        return SchedulerOutput([s], []) if s is not None else None
+        return SchedulerOutput([s], [], self._batch_size()) if s is not None else None
+
+    def _batch_size(self) -> int:
+        return min(len(self.running) + len(self.waiting), self.max_num_seqs)
 
     def schedule(self) -> SchedulerOutput:
         if self.prefill_alone:
@@ -166,7 +172,7 @@ class Scheduler:
                 break
             scheduled.append(s)
             budget -= s.num_new_tokens
-        return SchedulerOutput(scheduled, preempted)
+        return SchedulerOutput(scheduled, preempted, self._batch_size())
 
     def finish(self, req: Request, status: RequestStatus) -> None:
         req.status = status

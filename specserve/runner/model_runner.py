@@ -155,6 +155,7 @@ class ModelRunner:
         k = spec.num_speculative_tokens if spec else 0
         self.num_speculative_tokens = k
         self.draft_max_model_len = spec.max_model_len if spec and spec.max_model_len else max_model_len
+        self.disable_by_batch_size = spec.disable_by_batch_size if spec else None
         with torch.device(device):
             prev = torch.get_default_dtype()
             torch.set_default_dtype(dtype)
@@ -590,6 +591,14 @@ class ModelRunner:
                 ids[: len(items)].copy_(src[:, 0].index_select(0, pinned.to(self.device, non_blocking=True)))
         return graphs.run(b)
 
+    def drafting_on(self, batch_size: int) -> bool:
+        """speculative_config.disable_by_batch_size, as vLLM: while more requests than that are in the batch
+        (SchedulerOutput.batch_size: running or admissible, whether or not this step schedules each), a step
+        proposes no drafts for the next one. The drafter still reads the step's target features, so its context
+        is whole when the batch shrinks and drafting resumes."""
+        t = self.disable_by_batch_size
+        return t is None or batch_size <= t
+
     def _draft_budget(self, req, num_new: int) -> int:  # type: ignore[no-untyped-def]
         """max_drafts before the floor at 0 for req once num_new tokens are appended to it: the drafter's own
         context cap (speculative_config.max_model_len) and max_tokens, as vLLM: no drafts past either.  Linear
@@ -897,6 +906,8 @@ class ModelRunner:
                     if d and d[0] >= 0:
                         fused_drafts[s.req.request_id] = d
             if fused:
+                if not self.drafting_on(max(sched.batch_size, len(items))):
+                    fused_drafts = {}
                 if self.profile:
                     self.timings.append(
                         (self._elapsed(t_start, t_mid), self._elapsed(t_mid, self._mark()), len(items))
@@ -963,6 +974,7 @@ class ModelRunner:
         drafts_out: dict[str, list[int]] = {}
         if self.proposer is not None:
             inputs: list[DraftInput] = []
+            drafting_on = self.drafting_on(max(sched.batch_size, len(items)))
             for i, s in enumerate(items):
                 req = s.req
                 new = emitted[i]
@@ -976,7 +988,7 @@ class ModelRunner:
                         row_offset=offsets[i],
                         block_table=req.block_table,
                         draft=bool(new),
-                        max_drafts=max(0, self._draft_budget(req, len(new))),
+                        max_drafts=max(0, self._draft_budget(req, len(new))) if drafting_on else 0,
                     )
                 )
             t_mid = self._mark()
