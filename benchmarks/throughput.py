@@ -106,6 +106,12 @@ def main() -> int:
                     "batch": b,
                     "spec": spec["method"] if spec else "none",
                     "k": spec["num_speculative_tokens"] if spec else 0,
+                    # other speculative-config keys (e.g. disable_by_batch_size), as k=v
+                    "options": " ".join(
+                        f"{k}={v}"
+                        for k, v in (spec or {}).items()
+                        if k not in ("method", "model", "num_speculative_tokens")
+                    ),
                     "tokens": ntok,
                     "seconds": round(dt, 3),
                     "tokens_per_s": round(ntok / dt, 2),
@@ -114,10 +120,10 @@ def main() -> int:
                 rows.append(row)
                 print(json.dumps(row), flush=True)
             del llm
-    print(f"\n{'dtype':9} {'spec':8} {'K':>3} {'batch':>5} {'tok/s':>9} {'accept len':>10}")
+    print(f"\n{'dtype':9} {'spec':8} {'K':>3} {'batch':>5} {'tok/s':>9} {'accept len':>10}  options")
     for r in rows:
         al = f"{r['acceptance_length']:.2f}" if r["acceptance_length"] else "-"
-        print(f"{r['dtype']:9} {r['spec']:8} {r['k']:>3} {r['batch']:>5} {r['tokens_per_s']:>9.1f} {al:>10}")
+        print(f"{r['dtype']:9} {r['spec']:8} {r['k']:>3} {r['batch']:>5} {r['tokens_per_s']:>9.1f} {al:>10}  {r['options']}")
     result = {
         **run_info(),
         "gpu": (torch.cuda.get_device_name() if torch.cuda.is_available() else None),

@@ -38,6 +38,7 @@ PY
 md5sum /root/new/*/model.safetensors
 mkdir -p $OUT && cp -r /root/new/smollm2-135m-dflash $OUT/ && cp /root/new/smollm2-135m-eagle3/model.safetensors $OUT/eagle3-int8.safetensors
 T2=$(date +%s); echo "[c2] trained at $((T2 - T0)) s"
+if [ -n "$NOEVAL" ]; then tar -C /root -czf $OUT/logs.tgz logs; echo "[c2] total $(( $(date +%s) - T0 )) s"; exit 0; fi
 SETS=(/root/ev/{math500_test,gsm8k_test,mt_bench_question,humaneval,alpaca}.jsonl)
 sc() { echo "{\"method\": \"$1\", \"model\": \"$2\", \"num_speculative_tokens\": $3}"; }
 N=/root/new; ET=$(( ${CALL:-600} - 8 - (T2 - T0) ))
