@@ -123,7 +123,9 @@ def main() -> int:
     print(f"\n{'dtype':9} {'spec':8} {'K':>3} {'batch':>5} {'tok/s':>9} {'accept len':>10}  options")
     for r in rows:
         al = f"{r['acceptance_length']:.2f}" if r["acceptance_length"] else "-"
-        print(f"{r['dtype']:9} {r['spec']:8} {r['k']:>3} {r['batch']:>5} {r['tokens_per_s']:>9.1f} {al:>10}  {r['options']}")
+        print(
+            f"{r['dtype']:9} {r['spec']:8} {r['k']:>3} {r['batch']:>5} {r['tokens_per_s']:>9.1f} {al:>10}  {r['options']}"
+        )
     result = {
         **run_info(),
         "gpu": (torch.cuda.get_device_name() if torch.cuda.is_available() else None),
