@@ -19,7 +19,12 @@ P5=$!
 wait $P1 $P2 $P3 $P5
 for f in $L/gen-*.log; do echo "== $f"; grep "wrote\|rror" $f | tail -3; done
 T1=$(date +%s); echo "[c2] data in $((T1 - T0)) s"
-MT=$(( ${CALL:-600} - (T1 - T0) - ${EVT:-150} - 45 ))
+# the generated data back to the dev VM (for later sessions: carried instead of regenerated), xz in 15 MB parts
+# ($OUT takes files of at most 16 MiB, 8 in all), packed while the drafter trains
+mkdir -p $OUT && (cd /root/g && tar -cf - */data.jsonl */data.jsonl.meta.json | xz -T8 -6 | split -b 15000000 -d - $OUT/data.tar.xz.part) &
+PK=$!
+EVT=${EVT:-150}; [ -n "$NOEVAL" ] && EVT=0
+MT=$(( ${CALL:-600} - (T1 - T0) - EVT - 45 ))
 echo "[c2] train max-time $MT"
 DATA=(/root/g/mix/data.jsonl /root/g/latexg/data.jsonl /root/g/latexs/data.jsonl /root/g/latex8/data.jsonl)
 $TR dflash --target $G --data "${DATA[@]}" --batch-size 32 --max-length 1536 --epochs 100 --lr 3e-4 --warmup-ratio 0.04 \
@@ -36,7 +41,12 @@ export_drafter(load_drafter(src), "/root/new/smollm2-135m-eagle3", weight_format
 shutil.copy(src + "/training.json", "/root/new/smollm2-135m-eagle3/training.json")
 PY
 md5sum /root/new/*/model.safetensors
-mkdir -p $OUT && cp -r /root/new/smollm2-135m-dflash $OUT/ && cp /root/new/smollm2-135m-eagle3/model.safetensors $OUT/eagle3-int8.safetensors
+# the new DFlash weights (19.5 MB: over $OUT's 16 MiB a file) in two parts (cat model.safetensors.part* > ...),
+# its config.json / training.json inside logs.tgz (logs/new-dflash/)
+mkdir -p $OUT/df /root/logs/new-dflash && split -b 15000000 -d /root/new/smollm2-135m-dflash/model.safetensors $OUT/df/model.safetensors.part
+cp /root/new/smollm2-135m-dflash/config.json /root/new/smollm2-135m-dflash/training.json /root/logs/new-dflash/
+cp /root/new/smollm2-135m-eagle3/model.safetensors $OUT/eagle3-int8.safetensors
+wait $PK; ls -la $OUT $OUT/df
 T2=$(date +%s); echo "[c2] trained at $((T2 - T0)) s"
 if [ -n "$NOEVAL" ]; then tar -C /root -czf $OUT/logs.tgz logs; echo "[c2] total $(( $(date +%s) - T0 )) s"; exit 0; fi
 SETS=(/root/ev/{math500_test,gsm8k_test,mt_bench_question,humaneval,alpaca}.jsonl)
