@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM")
-SPEC_METHODS = ("dflash", "eagle3", "eagle", "ngram")
+SPEC_METHODS = ("dflash", "eagle3", "eagle", "draft_model", "ngram")
 
 
 @dataclass
@@ -202,7 +202,8 @@ class SpeculativeConfig:
 
 
 def infer_method(model: str | None) -> str:
-    """vLLM's rule: infer the method from the drafter path when 'method' is omitted."""
+    """vLLM's rule: infer the method from the drafter path when 'method' is omitted; a model that names no
+    drafter kind is a draft model (a smaller LM with the target's tokenizer)."""
     if model is None:
         raise ValueError("speculative_config: give 'method' or a drafter 'model' to infer it from.")
     if model in ("ngram", "[ngram]"):
@@ -212,11 +213,9 @@ def infer_method(model: str | None) -> str:
         return "dflash"
     if "eagle3" in low:
         return "eagle3"
-    if "eagle-" in low or "eagle" in low:
+    if "eagle" in low:
         return "eagle"
-    raise ValueError(
-        f"speculative_config: cannot infer 'method' from model {model!r}; set 'method' to one of {', '.join(SPEC_METHODS)}."
-    )
+    return "draft_model"
 
 
 @dataclass

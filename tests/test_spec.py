@@ -256,6 +256,15 @@ def test_speculative_config_validation(tiny_qwen3_dir, dflash_dir, tmp_path):
         SpeculativeConfig.from_any({"model": "AngelSlim/Qwen3-8B_eagle3", "num_speculative_tokens": 3}).method
         == "eagle3"
     )
+    # vLLM: a model that names no drafter kind is a draft model
+    assert (
+        SpeculativeConfig.from_any(
+            {"model": "HuggingFaceTB/SmolLM2-135M", "num_speculative_tokens": 3}
+        ).method
+        == "draft_model"
+    )
+    with pytest.raises(ValueError, match="'model' .* is required for method 'draft_model'"):
+        SpeculativeConfig.from_any({"method": "draft_model", "num_speculative_tokens": 3})
     for bad in (1, 2.5, True, "4"):
         with pytest.raises(ValueError, match="'disable_by_batch_size' must be an integer >= 2"):
             SpeculativeConfig.from_any(
@@ -468,13 +477,15 @@ def _drafts_by_prefix(
     return [outs[str(i)] for i in range(len(prompts))], drafts, steps
 
 
-@pytest.mark.parametrize("method", ["dflash", "eagle3"])
+@pytest.mark.parametrize("method", ["dflash", "eagle3", "draft_model"])
 @pytest.mark.parametrize("async_on", [False, True])
-def test_disable_by_batch_size(method, async_on, tiny_qwen3_dir, baseline, dflash_dir, eagle_dir):
+def test_disable_by_batch_size(
+    method, async_on, tiny_qwen3_dir, tiny2_qwen3_dir, baseline, dflash_dir, eagle_dir
+):
     """vLLM's disable_by_batch_size: no drafts while more requests than that run; once the batch shrinks,
     drafting resumes with the drafter's context whole (it read the target features of the plain steps): its
     drafts then equal those of a run that drafted at every step, at the same committed tokens."""
-    model = dflash_dir if method == "dflash" else eagle_dir
+    model = {"dflash": dflash_dir, "eagle3": eagle_dir, "draft_model": tiny2_qwen3_dir}[method]
     spec = {"method": method, "model": model, "num_speculative_tokens": 3}
     kw = dict(padded_decode=True, async_spec=async_on)
     short = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
@@ -497,3 +508,64 @@ def test_disable_by_batch_size(method, async_on, tiny_qwen3_dir, baseline, dflas
     three = _spec_llm(tiny_qwen3_dir, dict(spec, disable_by_batch_size=3), **kw)
     outs3, _, steps3 = _drafts_by_prefix(three, PROMPTS[:3], [short, long, short], watch=1)
     assert outs3 == outs and steps3[0] == (3, True)
+
+
+@pytest.mark.parametrize("k", [1, 4])
+def test_draft_model_lossless(k, tiny_qwen3_dir, tiny2_qwen3_dir, baseline):
+    """vLLM's draft_model: another (smaller) LM with the target's tokenizer drafts greedily; lossless."""
+    llm, outs = _spec_run(tiny_qwen3_dir, {"model": tiny2_qwen3_dir, "num_speculative_tokens": k})
+    assert llm.engine.runner.proposer.method == "draft_model"
+    assert outs == baseline
+    m = llm.get_metrics()
+    assert m["spec_decode_num_drafts"] > 0 and len(m["spec_decode_num_accepted_tokens_per_pos"]) == k
+    assert m["num_free_blocks"] == m["num_gpu_blocks"]
+
+
+def test_draft_model_self_draft_accepts_everything(tiny_qwen3_dir, baseline):
+    """The target as its own draft model (float32): every draft is the target's greedy token, so every draft is
+    accepted. This holds only if the draft model's paged cache follows the committed sequence exactly: through
+    chunked prefill, preemption (recompute), prefix-cache hits, steps gated by disable_by_batch_size and the
+    draft budget near max_tokens."""
+    k = 3
+    spec = {"method": "draft_model", "model": tiny_qwen3_dir, "num_speculative_tokens": k}
+    llm, outs = _spec_run(tiny_qwen3_dir, spec, num_gpu_blocks=9, max_num_batched_tokens=24)
+    assert outs == baseline
+    m = llm.get_metrics()
+    assert m["num_preemptions_total"] > 0
+    assert m["spec_decode_num_draft_tokens"] > 0
+    assert m["spec_decode_num_accepted_tokens"] == m["spec_decode_num_draft_tokens"]
+    # drafts cut short (draft budget, token budget) are accepted whole too; most run the full K
+    assert m["spec_decode_num_accepted_tokens_per_pos"][0] == m["spec_decode_num_drafts"]
+    assert m["spec_decode_num_draft_tokens"] > (k - 1) * m["spec_decode_num_drafts"]
+    assert m["num_free_blocks"] == m["num_gpu_blocks"]
+    # the same prompts again: prefix-cache hits for the target and the draft model's blocks
+    sp = SamplingParams(temperature=0, max_tokens=N, ignore_eos=True)
+    assert [o.outputs[0].token_ids for o in llm.generate(PROMPTS, sp)] == baseline
+    m2 = llm.get_metrics()
+    assert m2["prefix_cache_hits"] > m["prefix_cache_hits"]
+    assert m2["spec_decode_num_accepted_tokens"] == m2["spec_decode_num_draft_tokens"]
+    # gated while 3 run, drafting once 2 are done: still every draft accepted
+    gated = _spec_llm(tiny_qwen3_dir, dict(spec, disable_by_batch_size=2))
+    short = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
+    long = SamplingParams(temperature=0, max_tokens=N, ignore_eos=True)
+    outs3 = [o.outputs[0].token_ids for o in gated.generate(PROMPTS[:3], [short, long, short])]
+    assert outs3 == [baseline[0][:5], baseline[1], baseline[2][:5]]
+    m3 = gated.get_metrics()
+    assert 0 < m3["spec_decode_num_accepted_tokens"] == m3["spec_decode_num_draft_tokens"]
+
+
+def test_draft_model_vocab_mismatch_is_a_clear_error(tiny_qwen3_dir, tmp_path):
+    import json
+    import shutil
+
+    bad = tmp_path / "draft"
+    shutil.copytree(tiny_qwen3_dir, bad)
+    cfg = json.loads((bad / "config.json").read_text())
+    cfg["vocab_size"] = 1000
+    (bad / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="vocabulary of 1000 tokens, the target 49152"):
+        LLM(
+            tiny_qwen3_dir,
+            device="cpu",
+            speculative_config={"model": str(bad), "num_speculative_tokens": 2},
+        )

@@ -1,4 +1,4 @@
-"""Speculative decoding: proposers (DFlash, EAGLE-3, n-gram) and verification."""
+"""Speculative decoding: proposers (DFlash, EAGLE-3, a draft model, n-gram) and verification."""
 
 from __future__ import annotations
 
@@ -25,4 +25,8 @@ def build_proposer(spec: SpeculativeConfig, runner: ModelRunner) -> Proposer:
         from specserve.spec.eagle3 import Eagle3Proposer
 
         return Eagle3Proposer(spec, runner)
+    if spec.method == "draft_model":
+        from specserve.spec.draft_model import DraftModelProposer
+
+        return DraftModelProposer(spec, runner)
     raise ValueError(f"Unsupported speculative method {spec.method!r}.")

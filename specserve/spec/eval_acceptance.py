@@ -19,6 +19,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from specserve.config import SpeculativeConfig
+
 
 def read_prompts(path: str, n: int) -> list[str]:
     opener = gzip.open if path.endswith(".gz") else open
@@ -160,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
             drafts = d["spec_decode_num_drafts"]
             row = {
                 "dataset": name,
-                "method": spec.get("method"),
+                "method": SpeculativeConfig.from_any(spec).method,  # as inferred when the spec leaves it out
                 "k": spec.get("num_speculative_tokens"),
                 "prompts": len(ids),
                 "tokens": ntok,
@@ -185,12 +187,12 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(row), flush=True)
         del llm
     print(
-        f"\n{'dataset':22} {'method':7} {'K':>3} {'accept len':>10} {'tok/s':>8} {'base tok/s':>10} {'speedup':>7} {'same':>7} {'prefix':>6}"
+        f"\n{'dataset':22} {'method':11} {'K':>3} {'accept len':>10} {'tok/s':>8} {'base tok/s':>10} {'speedup':>7} {'same':>7} {'prefix':>6}"
     )
     for r in rows:
         same = f"{r['identical_prompts']}/{r['prompts']}"
         print(
-            f"{r['dataset']:22} {r['method']:7} {r['k']:>3} {r['acceptance_length']:>10.2f} {r['tokens_per_s']:>8.1f} "
+            f"{r['dataset']:22} {r['method']:11} {r['k']:>3} {r['acceptance_length']:>10.2f} {r['tokens_per_s']:>8.1f} "
             f"{r['baseline_tokens_per_s']:>10.1f} {r['speedup']:>7.2f} {same:>7} {r['common_prefix_frac']:>6.3f}"
         )
     if args.out:

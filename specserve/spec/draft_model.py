@@ -1,0 +1,122 @@
+"""Draft-model proposer (vLLM's ``draft_model``): a smaller causal LM with the target's vocabulary drafts K tokens
+greedily, one forward per token, over its own paged KV cache (the target's block tables, its own pool).
+
+Each step the draft model first runs over the positions the target committed in that step (prefill chunks, or the
+verified token plus the accepted drafts), so its cache follows the committed sequence, also on steps that draft
+nothing (a non-sampling prefill chunk, the draft budget at 0, ``disable_by_batch_size``). A request that drafts runs
+its new bonus token in that same pass; the logits of that row give the first draft, then K-1 one-token steps give
+the rest. Draft tokens' K/V land past the committed length, where the next step's pass overwrites what it keeps.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from specserve.config import ModelConfig, SpeculativeConfig
+from specserve.layers.sampler import argmax_last
+from specserve.models.llama import DecoderLM
+from specserve.spec.drafter_utils import PagedBatch, build_model, drafter_split_gemm
+from specserve.spec.proposer import DraftInput, Proposer
+
+if TYPE_CHECKING:
+    from specserve.runner.model_runner import ModelRunner
+
+
+class DraftModelProposer(Proposer):
+    method = "draft_model"
+
+    def __init__(self, spec: SpeculativeConfig, runner: ModelRunner) -> None:
+        super().__init__(spec.num_speculative_tokens)
+        assert spec.model is not None
+        from specserve.layers.linear import transpose_decoder_linears
+        from specserve.loading import config_only_checkpoint, resolve_checkpoint
+
+        cfg = runner.config
+        dummy = cfg.load_format == "dummy"
+        trc = cfg.trust_remote_code
+        ckpt = (
+            config_only_checkpoint(spec.model, trust_remote_code=trc)
+            if dummy
+            else resolve_checkpoint(spec.model, trust_remote_code=trc)
+        )
+        try:
+            mc = ModelConfig.from_hf(ckpt.hf_config)
+        except ValueError as e:
+            raise ValueError(f"speculative_config: draft model {spec.model!r}: {e}") from None
+        tc = runner.model_config
+        if mc.vocab_size != tc.vocab_size:
+            raise ValueError(
+                f"speculative_config: the draft model {spec.model!r} has a vocabulary of {mc.vocab_size} tokens, "
+                f"the target {tc.vocab_size}: a draft model must share the target's tokenizer."
+            )
+        # no drafts past the draft model's own context (as vLLM: the draft max_model_len is the smaller one)
+        runner.draft_max_model_len = min(runner.draft_max_model_len, mc.max_position_embeddings)
+        max_pos = runner.max_model_len + 2 * self.num_speculative_tokens + 8
+        self.model: DecoderLM = build_model(runner, lambda: DecoderLM(mc, max_position=max_pos))
+        if dummy:
+            from specserve.runner.model_runner import init_dummy_weights
+
+            init_dummy_weights(self.model, cfg.seed + 1)
+        else:
+            self.model.load_weights(ckpt.iter_weights(runner.dtype))
+        self.model.eval().requires_grad_(False)
+        if runner.weight_layout == "kn":  # the target's decode GEMM layout (layers/linear.py)
+            transpose_decoder_linears(self.model.layers)
+        self.model.rope.to(runner.device)
+        self.model.backend = runner.backend
+        self.model.split_gemm, self.model.triton_gemm = drafter_split_gemm(runner, self.model.layers)
+        self.runner = runner
+
+    @property
+    def uses_kv_cache(self) -> bool:
+        return True
+
+    def kv_cache_spec(self) -> tuple[int, int, int]:
+        c = self.model.config
+        return c.num_hidden_layers, c.num_key_value_heads, c.head_dim
+
+    def bind_kv_caches(self, caches: list[tuple[torch.Tensor, torch.Tensor]], block_size: int) -> None:
+        self.model.kv_caches = caches
+
+    def propose(self, inputs: list[DraftInput], features: torch.Tensor | None) -> list[list[int]]:
+        runner, dev = self.runner, self.runner.device
+        # 1) one causal pass over each request's committed rows of this step (+ its bonus token when it drafts)
+        ids: list[int] = []
+        batch = PagedBatch(runner)
+        last_row: dict[int, int] = {}
+        for i, inp in enumerate(inputs):
+            if inp.num_valid <= 0:
+                continue
+            drafting = inp.draft and inp.max_drafts > 0
+            n = inp.num_valid + int(drafting)
+            ids.extend(inp.token_ids[inp.start : inp.start + n])
+            batch.add(inp.block_table, inp.start, n)
+            if drafting:
+                last_row[i] = len(ids) - 1
+        out: list[list[int]] = [[] for _ in inputs]
+        if not ids:
+            return out
+        positions, meta = batch.build()
+        hidden, _ = self.model(torch.tensor(ids, dtype=torch.long, device=dev), positions, meta)
+        if not last_row:
+            return out
+        drafting_idx = list(last_row)
+        rows = torch.tensor([last_row[i] for i in drafting_idx], device=dev)
+        tok = argmax_last(self.model.compute_logits(hidden[rows]))
+        drafts = [tok]
+        # 2) K-1 one-token steps from each bonus token's position
+        bonus_pos = [len(inputs[i].token_ids) - 1 for i in drafting_idx]
+        for step in range(1, self.num_speculative_tokens):
+            b = PagedBatch(runner)
+            for i, p in zip(drafting_idx, bonus_pos):
+                b.add(inputs[i].block_table, p + step, 1)
+            positions, meta = b.build()
+            hidden, _ = self.model(tok, positions, meta)
+            tok = argmax_last(self.model.compute_logits(hidden))
+            drafts.append(tok)
+        all_drafts = torch.stack(drafts, dim=1).tolist()
+        for j, i in enumerate(drafting_idx):
+            out[i] = all_drafts[j][: inputs[i].max_drafts]
+        return out
