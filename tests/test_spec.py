@@ -554,6 +554,21 @@ def test_draft_model_self_draft_accepts_everything(tiny_qwen3_dir, baseline):
     assert 0 < m3["spec_decode_num_accepted_tokens"] == m3["spec_decode_num_draft_tokens"]
 
 
+def test_drafter_without_a_method_named_nowhere_is_a_clear_error(tiny_qwen3_dir, dflash_dir, tmp_path):
+    """A DFlash checkpoint whose path does not say so is inferred as a draft model (vLLM's rule); loading it says
+    which method to set."""
+    import shutil
+
+    plain = tmp_path / "my-drafter"
+    shutil.copytree(dflash_dir, plain)
+    with pytest.raises(ValueError, match='DFlash drafter .* set "method": "dflash"'):
+        LLM(
+            tiny_qwen3_dir,
+            device="cpu",
+            speculative_config={"model": str(plain), "num_speculative_tokens": 2},
+        )
+
+
 def test_draft_model_vocab_mismatch_is_a_clear_error(tiny_qwen3_dir, tmp_path):
     import json
     import shutil

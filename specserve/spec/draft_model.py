@@ -41,6 +41,13 @@ class DraftModelProposer(Proposer):
             if dummy
             else resolve_checkpoint(spec.model, trust_remote_code=trc)
         )
+        archs = list(getattr(ckpt.hf_config, "architectures", None) or [])
+        for kind, method in (("DFlash", "dflash"), ("Eagle3", "eagle3"), ("Eagle", "eagle")):
+            if any(kind.lower() in a.lower() for a in archs):
+                raise ValueError(
+                    f"speculative_config: {spec.model!r} is a {kind} drafter ({', '.join(archs)}), not a draft "
+                    f'model: set "method": "{method}".'
+                )
         try:
             mc = ModelConfig.from_hf(ckpt.hf_config)
         except ValueError as e:
