@@ -342,8 +342,10 @@ def test_spec_metrics_log_line(tiny_qwen3_dir, dflash_dir, caplog):
     assert any("SpecDecoding metrics: Mean acceptance length" in r.message for r in caplog.records)
 
 
-@pytest.mark.parametrize("method", ["plain", "ngram", "dflash", "eagle3"])
-def test_padded_graph_path_equals_eager(method, tiny_qwen3_dir, baseline, dflash_dir, eagle_dir):
+@pytest.mark.parametrize("method", ["plain", "ngram", "dflash", "eagle3", "draft_model"])
+def test_padded_graph_path_equals_eager(
+    method, tiny_qwen3_dir, tiny2_qwen3_dir, baseline, dflash_dir, eagle_dir
+):
     """The static-shape path that CUDA graphs replay (padded batch buckets, drafts padded to K, padded drafter
     batch) gives the same greedy tokens as the eager ragged path; on CPU it runs without capture."""
     spec = {
@@ -356,6 +358,7 @@ def test_padded_graph_path_equals_eager(method, tiny_qwen3_dir, baseline, dflash
         },
         "dflash": {"method": "dflash", "model": dflash_dir, "num_speculative_tokens": 5},
         "eagle3": {"method": "eagle3", "model": eagle_dir, "num_speculative_tokens": 3},
+        "draft_model": {"method": "draft_model", "model": tiny2_qwen3_dir, "num_speculative_tokens": 3},
     }[method]
     llm = LLM(
         tiny_qwen3_dir,
@@ -366,6 +369,8 @@ def test_padded_graph_path_equals_eager(method, tiny_qwen3_dir, baseline, dflash
         padded_decode=True,
     )
     assert llm.engine.runner.use_padded
+    if method == "draft_model":  # its K-1 one-token steps: the bucketed graph's static path
+        assert llm.engine.runner.proposer.graphs is not None
     sp = SamplingParams(temperature=0, max_tokens=N, ignore_eos=True)
     outs = [o.outputs[0].token_ids for o in llm.generate(PROMPTS[:3], sp)]  # 3 requests -> bucket 4 (padded)
     assert outs == baseline[:3]
@@ -521,14 +526,19 @@ def test_draft_model_lossless(k, tiny_qwen3_dir, tiny2_qwen3_dir, baseline):
     assert m["num_free_blocks"] == m["num_gpu_blocks"]
 
 
-def test_draft_model_self_draft_accepts_everything(tiny_qwen3_dir, baseline):
+@pytest.mark.parametrize("padded", [False, True])
+def test_draft_model_self_draft_accepts_everything(padded, tiny_qwen3_dir, baseline):
     """The target as its own draft model (float32): every draft is the target's greedy token, so every draft is
     accepted. This holds only if the draft model's paged cache follows the committed sequence exactly: through
     chunked prefill, preemption (recompute), prefix-cache hits, steps gated by disable_by_batch_size and the
     draft budget near max_tokens."""
     k = 3
     spec = {"method": "draft_model", "model": tiny_qwen3_dir, "num_speculative_tokens": k}
-    llm, outs = _spec_run(tiny_qwen3_dir, spec, num_gpu_blocks=9, max_num_batched_tokens=24)
+    llm, outs = _spec_run(
+        tiny_qwen3_dir, spec, num_gpu_blocks=9, max_num_batched_tokens=24, padded_decode=padded
+    )
+    # padded: the one-token steps run as the bucketed graph's static path (eager on the CPU)
+    assert (llm.engine.runner.proposer.graphs is not None) == padded
     assert outs == baseline
     m = llm.get_metrics()
     assert m["num_preemptions_total"] > 0
@@ -545,7 +555,7 @@ def test_draft_model_self_draft_accepts_everything(tiny_qwen3_dir, baseline):
     assert m2["prefix_cache_hits"] > m["prefix_cache_hits"]
     assert m2["spec_decode_num_accepted_tokens"] == m2["spec_decode_num_draft_tokens"]
     # gated while 3 run, drafting once 2 are done: still every draft accepted
-    gated = _spec_llm(tiny_qwen3_dir, dict(spec, disable_by_batch_size=2))
+    gated = _spec_llm(tiny_qwen3_dir, dict(spec, disable_by_batch_size=2), padded_decode=padded)
     short = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
     long = SamplingParams(temperature=0, max_tokens=N, ignore_eos=True)
     outs3 = [o.outputs[0].token_ids for o in gated.generate(PROMPTS[:3], [short, long, short])]

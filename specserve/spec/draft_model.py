@@ -10,14 +10,14 @@ the rest. Draft tokens' K/V land past the committed length, where the next step'
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from specserve.config import ModelConfig, SpeculativeConfig
 from specserve.layers.sampler import argmax_last
 from specserve.models.llama import DecoderLM
-from specserve.spec.drafter_utils import PagedBatch, build_model, drafter_split_gemm
+from specserve.spec.drafter_utils import PagedBatch, build_model, drafter_graph_mode, drafter_split_gemm
 from specserve.spec.proposer import DraftInput, Proposer
 
 if TYPE_CHECKING:
@@ -75,6 +75,7 @@ class DraftModelProposer(Proposer):
         self.model.backend = runner.backend
         self.model.split_gemm, self.model.triton_gemm = drafter_split_gemm(runner, self.model.layers)
         self.runner = runner
+        self.graphs: Any = None
 
     @property
     def uses_kv_cache(self) -> bool:
@@ -85,7 +86,74 @@ class DraftModelProposer(Proposer):
         return c.num_hidden_layers, c.num_key_value_heads, c.head_dim
 
     def bind_kv_caches(self, caches: list[tuple[torch.Tensor, torch.Tensor]], block_size: int) -> None:
+        """Bind the draft model's paged cache; with the padded drafter batch (the default with CUDA graphs), its
+        K-1 one-token steps become one bucketed graph over static inputs (token, base position, slots, block
+        tables; padding rows: seq_len 0 and slot -1, no K/V write)."""
         self.model.kv_caches = caches
+        self.graphs = None
+        runner, K = self.runner, self.num_speculative_tokens
+        padded, capture = drafter_graph_mode(runner)
+        if not padded or K < 2:
+            return
+        from specserve.layers.attention import AttnMetadata
+        from specserve.runner.cuda_graphs import BucketedGraphs, batch_buckets
+
+        dev, max_b = runner.device, runner.config.max_num_seqs
+        self.s_tok = torch.zeros(max_b, dtype=torch.long, device=dev)
+        self.s_base = torch.zeros(max_b, dtype=torch.long, device=dev)
+        self.s_valid = torch.zeros(max_b, dtype=torch.int32, device=dev)
+        self.s_slots = torch.full((K - 1, max_b), -1, dtype=torch.long, device=dev)
+        self.s_bt = torch.zeros((max_b, runner.max_blocks_per_seq), dtype=torch.int32, device=dev)
+        self.s_qsl = torch.arange(max_b + 1, dtype=torch.int32, device=dev)
+        max_seq = runner.max_model_len + K + 1
+
+        def fn(b: int) -> torch.Tensor:
+            tok, outs = self.s_tok[:b], []
+            for step in range(1, K):
+                pos = self.s_base[:b] + step
+                seq = (pos + 1).to(torch.int32) * self.s_valid[:b]
+                meta = AttnMetadata(
+                    self.s_qsl[: b + 1],
+                    seq,
+                    self.s_bt[:b],
+                    self.s_slots[step - 1, :b],
+                    max_query_len=1,
+                    max_seq_len=max_seq,
+                )
+                hidden, _ = self.model(tok, pos, meta)
+                tok = argmax_last(self.model.compute_logits(hidden))
+                outs.append(tok)
+            return torch.stack(outs, 1)
+
+        self.graphs = BucketedGraphs("draft model steps", fn, batch_buckets(max_b), dev, capture)
+
+    def _steps_uniform(
+        self, inputs: list[DraftInput], drafting: list[int], tok: torch.Tensor, bonus_pos: list[int]
+    ) -> list[list[int]]:
+        """Steps 2..K as one replay of the bucket's graph (static inputs filled from the host)."""
+        K, runner = self.num_speculative_tokens, self.runner
+        n = len(drafting)
+        b = self.graphs.bucket(n)
+        slots = torch.full((K - 1, b), -1, dtype=torch.long)
+        bt = torch.zeros((b, self.s_bt.shape[1]), dtype=torch.int32)
+        valid = torch.zeros(b, dtype=torch.int32)
+        base = torch.zeros(b, dtype=torch.long)
+        for j, (i, p) in enumerate(zip(drafting, bonus_pos)):
+            table = inputs[i].block_table
+            slots[:, j] = torch.tensor([runner.slot(table, p + s) for s in range(1, K)])
+            bt[j, : len(table)] = torch.tensor(table, dtype=torch.int32)
+            valid[j], base[j] = 1, p
+        self.s_tok[:n].copy_(tok)
+        self.s_slots[:, :b].copy_(slots, non_blocking=True)
+        self.s_bt[:b].copy_(bt, non_blocking=True)
+        self.s_valid[:b].copy_(valid, non_blocking=True)
+        self.s_base[:b].copy_(base, non_blocking=True)
+        rest = self.graphs.run(b)[:n]
+        all_drafts = torch.cat([tok[:, None], rest], 1).tolist()
+        out: list[list[int]] = [[] for _ in inputs]
+        for j, i in enumerate(drafting):
+            out[i] = all_drafts[j][: inputs[i].max_drafts]
+        return out
 
     def propose(self, inputs: list[DraftInput], features: torch.Tensor | None) -> list[list[int]]:
         runner, dev = self.runner, self.runner.device
@@ -115,6 +183,8 @@ class DraftModelProposer(Proposer):
         drafts = [tok]
         # 2) K-1 one-token steps from each bonus token's position
         bonus_pos = [len(inputs[i].token_ids) - 1 for i in drafting_idx]
+        if self.graphs is not None and len(drafting_idx) <= self.graphs.max_batch:
+            return self._steps_uniform(inputs, drafting_idx, tok, bonus_pos)
         for step in range(1, self.num_speculative_tokens):
             b = PagedBatch(runner)
             for i, p in zip(drafting_idx, bonus_pos):
