@@ -738,3 +738,48 @@ def test_async_engine_builds_and_steps_on_one_thread(
         eng.shutdown()
     with pytest.raises(ValueError, match="not found"):
         async_engine.AsyncLLM(EngineConfig(model="/nonexistent/model-dir", **cfg))
+
+
+def test_draft_model_speculation_over_http(tiny_llama_dir: str, client: openai.OpenAI) -> None:
+    """`--speculative-config '{"model": <an LM>, ...}'` through the server: vLLM infers a draft model. The target as
+    its own draft model under concurrent requests, gated at two by disable_by_batch_size: answers equal the
+    non-speculative server's, and every draft is accepted (/metrics)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from specserve.config import EngineConfig, SpeculativeConfig
+    from specserve.engine.async_engine import AsyncLLM
+    from specserve.server.api_server import build_app
+
+    spec = {"model": tiny_llama_dir, "num_speculative_tokens": 3, "disable_by_batch_size": 2}
+    eng = AsyncLLM(
+        EngineConfig(
+            model=tiny_llama_dir,
+            max_model_len=MAX_MODEL_LEN,
+            max_num_seqs=4,
+            num_gpu_blocks=96,
+            device="cpu",
+            dtype="float32",
+            speculative_config=SpeculativeConfig.from_any(spec),
+        )
+    )
+    prompts = ["The capital of France is", "1 2 3 4 5", "Once upon a time", "a"]
+    lengths = [24, 6, 6, 6]  # while they overlap no drafts (gated), then the long one drafts alone
+    try:
+        with ThreadPoolExecutor(4) as pool:
+            want = list(
+                pool.map(lambda a: greedy_completion(client, *a).choices[0].text, zip(prompts, lengths))
+            )
+        with ServerThread(build_app(eng, MODEL)) as srv:
+            spec_client = openai.OpenAI(base_url=f"{srv.url}/v1", api_key="unused", max_retries=0, timeout=60)
+            with ThreadPoolExecutor(4) as pool:
+                got = list(
+                    pool.map(
+                        lambda a: greedy_completion(spec_client, *a).choices[0].text, zip(prompts, lengths)
+                    )
+                )
+            text = metrics_text(srv.url)
+    finally:
+        eng.shutdown()
+    assert got == want
+    drafted = metric_value(text, "vllm:spec_decode_num_draft_tokens_total")
+    assert drafted > 0 and metric_value(text, "vllm:spec_decode_num_accepted_tokens_total") == drafted
