@@ -1,6 +1,6 @@
 """SmolLM2-135M-Instruct on one GPU: graphs == eager greedy outputs, and tokens/s against HF transformers.
 
-    python benchmarks/smollm2_gpu.py --gguf PATH [--dflash DIR] [--eagle3 DIR] [--tokens 256] [--out FILE]
+    python benchmarks/smollm2_gpu.py --gguf PATH [--dflash DIR] [--eagle3 DIR] [--draft-model PATH] [--tokens 256] [--out FILE]
     python benchmarks/smollm2_gpu.py --config-dir DIR ...   # random weights of that config (no GGUF needed;
                                                              # drafters random too: speed and equality only)
 
@@ -70,6 +70,8 @@ def specs(args: argparse.Namespace) -> list[dict | None]:
             {"method": "eagle3", "model": args.eagle3, "num_speculative_tokens": 4},
             {"method": "eagle3", "model": args.eagle3, "num_speculative_tokens": 7},
         ]
+    if args.draft_model:
+        out.append({"method": "draft_model", "model": args.draft_model, "num_speculative_tokens": 3})
     return out
 
 
@@ -157,6 +159,12 @@ def main() -> int:
     src.add_argument("--config-dir", help="HF config + tokenizer dir: random weights (load_format dummy)")
     ap.add_argument("--dflash", default=None)
     ap.add_argument("--eagle3", default=None)
+    ap.add_argument(
+        "--draft-model",
+        default=None,
+        help="a causal LM with the target's vocabulary ('draft_model K=3'; the GGUF "
+        "itself checks the graph path: every draft accepted)",
+    )
     ap.add_argument("--tokens", type=int, default=256)
     ap.add_argument("--skip-hf", action="store_true")
     ap.add_argument("--no-eager", action="store_true", help="speed only: skip the graphs == eager comparison")

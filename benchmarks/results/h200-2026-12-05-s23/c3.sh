@@ -6,8 +6,8 @@ pip install -q --no-index --no-deps --target /root/site .whl/*.whl 2>&1 | grep -
 G=/root/smollm2.gguf; R=/root/r3; mkdir -p $R
 DF=${DF:-/root/new/smollm2-135m-dflash}; E3=${E3:-/root/new/smollm2-135m-eagle3}
 echo "drafters: $DF $E3"
-timeout ${ST:-200} python benchmarks/smollm2_gpu.py --gguf $G --dflash $DF --eagle3 $E3 --hf-timeout 150 \
-    --only plain "dflash K=15" "eagle3 K=7" --timed-file /root/ev/gsm8k_test.jsonl:2 --out $R/smollm2_gpu-h200.json > $R/smollm2_gpu.log 2>&1
+timeout ${ST:-230} python benchmarks/smollm2_gpu.py --gguf $G --dflash $DF --eagle3 $E3 --draft-model $G --hf-timeout 150 \
+    --only plain "dflash K=15" "eagle3 K=7" "draft_model K=3" --timed-file /root/ev/gsm8k_test.jsonl:2 --out $R/smollm2_gpu-h200.json > $R/smollm2_gpu.log 2>&1
 grep -v "^INFO" $R/smollm2_gpu.log | tail -22
 echo "[c3] smollm2 at $(( $(date +%s) - T0 )) s"
 S="{\"method\":\"dflash\",\"model\":\"$DF\",\"num_speculative_tokens\":15}"
