@@ -59,6 +59,7 @@ from specserve.server.protocol import (
     now,
     random_uuid,
 )
+from specserve.server.tool_parsers import TOOL_PARSERS, HermesStream, extract_tool_calls
 
 logger = logging.getLogger("specserve.server")
 
@@ -211,11 +212,14 @@ class OpenAIServing:
         served_model_names: list[str],
         metrics: ServerMetrics,
         chat_template: str | None = None,
+        tool_parser: str | None = None,
     ) -> None:
         self.engine = engine
         self.served_model_names = served_model_names
         self.metrics = metrics
         self.chat_template = chat_template
+        # --enable-auto-tool-choice --tool-call-parser NAME: tool calls parsed out of chat outputs (tool_parsers.py)
+        self.tool_parser = tool_parser
         self._background: set[asyncio.Task[Any]] = set()
 
     # ------------------------------------------------------------------ helpers
@@ -714,8 +718,18 @@ class OpenAIServing:
             )
         if req.tool_choice not in (None, "none", "auto"):
             raise APIError(
-                400, "Only tool_choice 'none' or 'auto' (no tool-call parsing) is supported.", "tool_choice"
+                400,
+                "Only tool_choice 'none' or 'auto' is supported (a named or 'required' tool choice needs "
+                "structured output).",
+                "tool_choice",
             )
+        if req.tool_choice == "auto" and req.tools and self.tool_parser is None:
+            raise APIError(
+                400,
+                '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set',
+                "tool_choice",
+            )
+        parse_tools = bool(req.tools) and self.tool_parser is not None and req.tool_choice != "none"
         text = self.render_chat(
             req.messages,
             add_generation_prompt=req.add_generation_prompt,
@@ -735,7 +749,7 @@ class OpenAIServing:
         gens = await self.start([prompt_ids], params, request_id)
         if req.stream:
             return StreamingResponse(
-                self.chat_stream(req, params, gens, request_id, created, model, timer),
+                self.chat_stream(req, params, gens, request_id, created, model, timer, parse_tools),
                 media_type="text/event-stream",
             )
         finals = await self.collect(gens, raw_request, timer)
@@ -749,12 +763,19 @@ class OpenAIServing:
             lp = None
             if top_n is not None and o.logprobs is not None:
                 lp = self.chat_logprobs(o.token_ids, o.logprobs, top_n)
+            message = ChatMessage(role="assistant", content=o.text)
+            finish_reason = o.finish_reason
+            if parse_tools:
+                content, calls = extract_tool_calls(o.text)
+                message = ChatMessage(role="assistant", content=content, tool_calls=calls)
+                if calls:
+                    finish_reason = "tool_calls"  # as vLLM, whatever ended the output
             choices.append(
                 ChatCompletionResponseChoice(
                     index=o.index,
-                    message=ChatMessage(role="assistant", content=o.text),
+                    message=message,
                     logprobs=lp,
-                    finish_reason=o.finish_reason,
+                    finish_reason=finish_reason,
                     stop_reason=o.stop_reason,
                 )
             )
@@ -776,8 +797,11 @@ class OpenAIServing:
         created: int,
         model: str,
         timer: RequestTimer,
+        parse_tools: bool = False,
     ) -> AsyncIterator[str]:
         n = params.n
+        tool_streams = [HermesStream() for _ in range(n)] if parse_tools else None
+        tools_called = [False] * n
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         continuous = bool(req.stream_options and req.stream_options.continuous_usage_stats)
         top_n = params.logprobs
@@ -825,8 +849,24 @@ class OpenAIServing:
                     prev_toks[i] = len(o.token_ids)
                     finished = o.finish_reason is not None
                     done[i] = finished
+                    message = DeltaMessage(content=delta)
+                    finish_reason = o.finish_reason
+                    if tool_streams is not None:
+                        text, calls = tool_streams[i].feed(delta)
+                        if finished:
+                            rest, more = tool_streams[i].finish()
+                            text, calls = text + rest, calls + more
+                        message = DeltaMessage(content=text)
+                        if calls:
+                            k = tool_streams[i].num_calls - len(calls)
+                            message.tool_calls = [dict(c, index=k + j) for j, c in enumerate(calls)]
+                            tools_called[i] = True
+                        if finished and tools_called[i]:
+                            finish_reason = "tool_calls"
+                        if not text and not calls and not finished and lp is None:
+                            continue  # held back: may begin a tool call
                     choice = ChatCompletionResponseStreamChoice(
-                        index=i, delta=DeltaMessage(content=delta), logprobs=lp, finish_reason=o.finish_reason
+                        index=i, delta=message, logprobs=lp, finish_reason=finish_reason
                     )
                     if finished:
                         choice.stop_reason = o.stop_reason
@@ -901,8 +941,10 @@ def build_app(
     served_model_name: str | Sequence[str] | None = None,
     api_key: str | Sequence[str] | None = None,
     chat_template: str | None = None,
+    tool_parser: str | None = None,
 ) -> FastAPI:
-    """The FastAPI app over ``engine`` (an ``AsyncLLM`` or anything with its interface)."""
+    """The FastAPI app over ``engine`` (an ``AsyncLLM`` or anything with its interface); ``tool_parser`` (one of
+    ``tool_parsers.TOOL_PARSERS``) parses tool calls out of chat outputs when a request gives tools."""
     from specserve import __version__
 
     if served_model_name is None:
@@ -912,7 +954,9 @@ def build_app(
     else:
         names = [str(n) for n in served_model_name] or [str(engine.model_path)]
     metrics = ServerMetrics(engine, names[0])
-    serving = OpenAIServing(engine, names, metrics, chat_template)
+    if tool_parser is not None and tool_parser not in TOOL_PARSERS:
+        raise ValueError(f"unknown tool-call parser {tool_parser!r}; choose from {', '.join(TOOL_PARSERS)}")
+    serving = OpenAIServing(engine, names, metrics, chat_template, tool_parser)
 
     app = FastAPI(title="specserve", version=__version__)
     app.state.engine = engine
@@ -1054,7 +1098,10 @@ def serve_main(argv: list[str]) -> int:
         return 1
     try:
         names = args.served_model_name or [args.model_tag if args.model_tag is not None else DEMO_MODEL_NAME]
-        app = build_app(engine, names, api_key=args.api_key, chat_template=chat_template)
+        tool_parser = args.tool_call_parser if args.enable_auto_tool_choice else None
+        app = build_app(
+            engine, names, api_key=args.api_key, chat_template=chat_template, tool_parser=tool_parser
+        )
         host = args.host if args.host is not None else "0.0.0.0"
         logger.info("Starting specserve API server on http://%s:%d (model %s)", host, args.port, names[0])
         server = uvicorn.Server(

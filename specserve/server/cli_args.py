@@ -16,6 +16,7 @@ from dataclasses import fields
 from typing import Any, NoReturn
 
 from specserve.config import EngineConfig, SpeculativeConfig
+from specserve.server.tool_parsers import TOOL_PARSERS
 
 logger = logging.getLogger(__name__)
 
@@ -123,6 +124,17 @@ def make_arg_parser() -> OneLineArgumentParser:
         "--chat-template",
         default=None,
         help="Chat template file or inline Jinja (overrides the tokenizer's).",
+    )
+    g.add_argument(
+        "--enable-auto-tool-choice",
+        action="store_true",
+        help="Parse tool calls out of chat outputs when a request gives tools (needs --tool-call-parser).",
+    )
+    g.add_argument(
+        "--tool-call-parser",
+        default=None,
+        choices=list(TOOL_PARSERS),
+        help="Tool-call format of the model's chat template: hermes (Hermes, Qwen2.5, Qwen3).",
     )
     g.add_argument(
         "--uvicorn-log-level",
@@ -299,6 +311,10 @@ def parse_serve_args(argv: list[str]) -> argparse.Namespace:
 
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
     """Build the ``EngineConfig``; raises ValueError (with the field named) on impossible values."""
+    if args.enable_auto_tool_choice and args.tool_call_parser is None:
+        raise ValueError(
+            "--enable-auto-tool-choice needs --tool-call-parser (one of: " + ", ".join(TOOL_PARSERS) + ")"
+        )
     kwargs: dict[str, Any] = {
         "model": args.model_tag,
         "tokenizer": args.tokenizer,

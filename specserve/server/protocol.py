@@ -233,6 +233,7 @@ class ChatCompletionResponse(BaseModel):
 class DeltaMessage(BaseModel):
     role: str | None = None
     content: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None  # streamed tool calls (--tool-call-parser), each whole
 
 
 class ChatCompletionResponseStreamChoice(BaseModel):
