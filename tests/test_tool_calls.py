@@ -1,6 +1,7 @@
-"""Tool calls in chat completions (``--enable-auto-tool-choice --tool-call-parser hermes``), as vLLM parses them.
+"""Tool calls (``--enable-auto-tool-choice --tool-call-parser hermes``) and reasoning (``--reasoning-parser``) in
+chat completions, as vLLM parses them.
 
-The parser alone (whole outputs and every way of splitting them into stream deltas), then the real server over the
+The parsers alone (whole outputs and every way of splitting them into stream deltas), then the real server over the
 real engine with the official ``openai`` client. A tiny random model cannot write a tool call, so there the engine's
 outputs keep their tokens, finish reasons and timing but their text is a script revealed as the tokens arrive.
 """
@@ -16,6 +17,7 @@ import openai
 import pytest
 from test_server import MAX_MODEL_LEN, ServerThread
 
+from specserve.server.reasoning_parsers import ReasoningStream, extract_reasoning
 from specserve.server.tool_parsers import HermesStream, extract_tool_calls
 
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}\n</tool_call>'
@@ -120,10 +122,15 @@ def real_engine(tiny_llama_dir: str) -> Iterator[Any]:
     eng.shutdown()
 
 
-def _client(engine: Any, script: str, tool_parser: str | None) -> tuple[ServerThread, openai.OpenAI]:
+def _client(
+    engine: Any, script: str, tool_parser: str | None, reasoning_parser: str | None = None
+) -> tuple[ServerThread, openai.OpenAI]:
     from specserve.server.api_server import build_app
 
-    srv = ServerThread(build_app(ScriptedText(engine, script), "tiny", tool_parser=tool_parser))
+    app = build_app(
+        ScriptedText(engine, script), "tiny", tool_parser=tool_parser, reasoning_parser=reasoning_parser
+    )
+    srv = ServerThread(app)
     return srv, openai.OpenAI(base_url=f"{srv.url}/v1", api_key="unused", max_retries=0, timeout=60)
 
 
@@ -207,4 +214,73 @@ def test_serve_flags(capsys: Any) -> None:
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--tool-call-parser" in err[0]
     assert serve_main(["some/model", "--enable-auto-tool-choice", "--tool-call-parser", "nope"]) == 2
+    assert "invalid choice" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "text,qwen3,deepseek_r1",
+    [
+        ("<think>\nhmm\n</think>\n\nParis.", ("\nhmm\n", "\n\nParis."), ("\nhmm\n", "\n\nParis.")),
+        ("Paris.", (None, "Paris."), ("Paris.", None)),  # qwen3: no think block; r1: still thinking
+        ("<think>cut short", ("cut short", None), ("cut short", None)),
+        (
+            "hmm</think>Paris.",
+            (None, "hmm</think>Paris."),
+            ("hmm", "Paris."),
+        ),  # r1: <think> was in the prompt
+        ("<think></think>Paris.", (None, "Paris."), (None, "Paris.")),
+    ],
+)
+def test_extract_reasoning(text: str, qwen3: tuple, deepseek_r1: tuple) -> None:
+    assert extract_reasoning(text, "qwen3") == qwen3
+    assert extract_reasoning(text, "deepseek_r1") == deepseek_r1
+
+
+@pytest.mark.parametrize("parser", ["qwen3", "deepseek_r1"])
+@pytest.mark.parametrize("seed", range(4))
+def test_reasoning_stream_equals_whole_output_for_any_split(parser: str, seed: int) -> None:
+    for text in ("<think>\nI think </thin not yet.\n</think>\n\nParis <think> is", "a</think>b", "<thi", "<"):
+        rng = random.Random(seed)
+        n = len(text)
+        cuts = sorted(rng.sample(range(1, n), rng.randint(1, n - 1))) if seed and n > 2 else list(range(1, n))
+        stream = ReasoningStream(parser)
+        reasoning, content = "", ""
+        for a, b in zip([0, *cuts], [*cuts, n]):
+            r, c = stream.feed(text[a:b])
+            assert "</think>" not in r
+            reasoning, content = reasoning + r, content + c
+        r, c = stream.finish()
+        assert ((reasoning + r) or None, (content + c) or None) == extract_reasoning(text, parser)
+
+
+def test_reasoning_and_tool_calls_over_http(real_engine: Any) -> None:
+    script = "<think>\nThe user wants the weather.\n</think>\n\n" + CALL
+    srv, client = _client(real_engine, script, "hermes", "qwen3")
+    with srv:
+        r = _ask(client, tools=TOOLS)
+        msg = r.choices[0].message
+        assert msg.reasoning_content == "\nThe user wants the weather.\n"
+        assert msg.content is None and r.choices[0].finish_reason == "tool_calls"
+        assert [(c.function.name, json.loads(c.function.arguments)) for c in msg.tool_calls] == [
+            ("get_weather", {"city": "Paris", "unit": "celsius"})
+        ]
+        reasoning, content, names = "", "", []
+        for chunk in _ask(client, stream=True, tools=TOOLS):
+            for ch in chunk.choices:
+                reasoning += getattr(ch.delta, "reasoning_content", None) or ""
+                content += ch.delta.content or ""
+                names += [tc.function.name for tc in ch.delta.tool_calls or []]
+        assert reasoning == "\nThe user wants the weather.\n"
+        assert "<t" not in content and not content.strip() and names == ["get_weather"]
+    # no reasoning parser: the think block stays in the content
+    srv, client = _client(real_engine, script, None)
+    with srv:
+        msg = _ask(client).choices[0].message
+        assert msg.content == script and getattr(msg, "reasoning_content", None) is None
+
+
+def test_reasoning_parser_flag(capsys: Any) -> None:
+    from specserve.server.api_server import serve_main
+
+    assert serve_main(["some/model", "--reasoning-parser", "nope"]) == 2
     assert "invalid choice" in capsys.readouterr().err

@@ -59,6 +59,7 @@ from specserve.server.protocol import (
     now,
     random_uuid,
 )
+from specserve.server.reasoning_parsers import REASONING_PARSERS, ReasoningStream, extract_reasoning
 from specserve.server.tool_parsers import TOOL_PARSERS, HermesStream, extract_tool_calls
 
 logger = logging.getLogger("specserve.server")
@@ -213,6 +214,7 @@ class OpenAIServing:
         metrics: ServerMetrics,
         chat_template: str | None = None,
         tool_parser: str | None = None,
+        reasoning_parser: str | None = None,
     ) -> None:
         self.engine = engine
         self.served_model_names = served_model_names
@@ -220,6 +222,8 @@ class OpenAIServing:
         self.chat_template = chat_template
         # --enable-auto-tool-choice --tool-call-parser NAME: tool calls parsed out of chat outputs (tool_parsers.py)
         self.tool_parser = tool_parser
+        # --reasoning-parser NAME: <think>...</think> split into reasoning_content (reasoning_parsers.py)
+        self.reasoning_parser = reasoning_parser
         self._background: set[asyncio.Task[Any]] = set()
 
     # ------------------------------------------------------------------ helpers
@@ -749,7 +753,9 @@ class OpenAIServing:
         gens = await self.start([prompt_ids], params, request_id)
         if req.stream:
             return StreamingResponse(
-                self.chat_stream(req, params, gens, request_id, created, model, timer, parse_tools),
+                self.chat_stream(
+                    req, params, gens, request_id, created, model, timer, parse_tools, self.reasoning_parser
+                ),
                 media_type="text/event-stream",
             )
         finals = await self.collect(gens, raw_request, timer)
@@ -765,9 +771,12 @@ class OpenAIServing:
                 lp = self.chat_logprobs(o.token_ids, o.logprobs, top_n)
             message = ChatMessage(role="assistant", content=o.text)
             finish_reason = o.finish_reason
+            if self.reasoning_parser is not None:
+                reasoning, content = extract_reasoning(o.text, self.reasoning_parser)
+                message = ChatMessage(role="assistant", content=content, reasoning_content=reasoning)
             if parse_tools:
-                content, calls = extract_tool_calls(o.text)
-                message = ChatMessage(role="assistant", content=content, tool_calls=calls)
+                content, calls = extract_tool_calls(message.content or "")
+                message.content, message.tool_calls = content, calls
                 if calls:
                     finish_reason = "tool_calls"  # as vLLM, whatever ended the output
             choices.append(
@@ -798,9 +807,13 @@ class OpenAIServing:
         model: str,
         timer: RequestTimer,
         parse_tools: bool = False,
+        reasoning_parser: str | None = None,
     ) -> AsyncIterator[str]:
         n = params.n
         tool_streams = [HermesStream() for _ in range(n)] if parse_tools else None
+        reasoning_streams = (
+            [ReasoningStream(reasoning_parser) for _ in range(n)] if reasoning_parser else None
+        )
         tools_called = [False] * n
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         continuous = bool(req.stream_options and req.stream_options.continuous_usage_stats)
@@ -851,20 +864,31 @@ class OpenAIServing:
                     done[i] = finished
                     message = DeltaMessage(content=delta)
                     finish_reason = o.finish_reason
-                    if tool_streams is not None:
-                        text, calls = tool_streams[i].feed(delta)
-                        if finished:
-                            rest, more = tool_streams[i].finish()
-                            text, calls = text + rest, calls + more
-                        message = DeltaMessage(content=text)
+                    if tool_streams is not None or reasoning_streams is not None:
+                        reasoning, text = "", delta
+                        if reasoning_streams is not None:
+                            reasoning, text = reasoning_streams[i].feed(delta)
+                            if finished:
+                                r2, t2 = reasoning_streams[i].finish()
+                                reasoning, text = reasoning + r2, text + t2
+                        calls: list[dict[str, Any]] = []
+                        if tool_streams is not None:
+                            text, calls = tool_streams[i].feed(text)
+                            if finished:
+                                rest, more = tool_streams[i].finish()
+                                text, calls = text + rest, calls + more
+                        message = DeltaMessage(content=text) if text or not reasoning else DeltaMessage()
+                        if reasoning:
+                            message.reasoning_content = reasoning
                         if calls:
+                            assert tool_streams is not None
                             k = tool_streams[i].num_calls - len(calls)
                             message.tool_calls = [dict(c, index=k + j) for j, c in enumerate(calls)]
                             tools_called[i] = True
                         if finished and tools_called[i]:
                             finish_reason = "tool_calls"
-                        if not text and not calls and not finished and lp is None:
-                            continue  # held back: may begin a tool call
+                        if not text and not reasoning and not calls and not finished and lp is None:
+                            continue  # held back: may begin a tag
                     choice = ChatCompletionResponseStreamChoice(
                         index=i, delta=message, logprobs=lp, finish_reason=finish_reason
                     )
@@ -942,9 +966,11 @@ def build_app(
     api_key: str | Sequence[str] | None = None,
     chat_template: str | None = None,
     tool_parser: str | None = None,
+    reasoning_parser: str | None = None,
 ) -> FastAPI:
     """The FastAPI app over ``engine`` (an ``AsyncLLM`` or anything with its interface); ``tool_parser`` (one of
-    ``tool_parsers.TOOL_PARSERS``) parses tool calls out of chat outputs when a request gives tools."""
+    ``tool_parsers.TOOL_PARSERS``) parses tool calls out of chat outputs when a request gives tools;
+    ``reasoning_parser`` (``reasoning_parsers.REASONING_PARSERS``) splits the thinking into ``reasoning_content``."""
     from specserve import __version__
 
     if served_model_name is None:
@@ -956,7 +982,11 @@ def build_app(
     metrics = ServerMetrics(engine, names[0])
     if tool_parser is not None and tool_parser not in TOOL_PARSERS:
         raise ValueError(f"unknown tool-call parser {tool_parser!r}; choose from {', '.join(TOOL_PARSERS)}")
-    serving = OpenAIServing(engine, names, metrics, chat_template, tool_parser)
+    if reasoning_parser is not None and reasoning_parser not in REASONING_PARSERS:
+        raise ValueError(
+            f"unknown reasoning parser {reasoning_parser!r}; choose from {', '.join(REASONING_PARSERS)}"
+        )
+    serving = OpenAIServing(engine, names, metrics, chat_template, tool_parser, reasoning_parser)
 
     app = FastAPI(title="specserve", version=__version__)
     app.state.engine = engine
@@ -1100,7 +1130,12 @@ def serve_main(argv: list[str]) -> int:
         names = args.served_model_name or [args.model_tag if args.model_tag is not None else DEMO_MODEL_NAME]
         tool_parser = args.tool_call_parser if args.enable_auto_tool_choice else None
         app = build_app(
-            engine, names, api_key=args.api_key, chat_template=chat_template, tool_parser=tool_parser
+            engine,
+            names,
+            api_key=args.api_key,
+            chat_template=chat_template,
+            tool_parser=tool_parser,
+            reasoning_parser=args.reasoning_parser,
         )
         host = args.host if args.host is not None else "0.0.0.0"
         logger.info("Starting specserve API server on http://%s:%d (model %s)", host, args.port, names[0])

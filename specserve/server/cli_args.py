@@ -16,6 +16,7 @@ from dataclasses import fields
 from typing import Any, NoReturn
 
 from specserve.config import EngineConfig, SpeculativeConfig
+from specserve.server.reasoning_parsers import REASONING_PARSERS
 from specserve.server.tool_parsers import TOOL_PARSERS
 
 logger = logging.getLogger(__name__)
@@ -135,6 +136,12 @@ def make_arg_parser() -> OneLineArgumentParser:
         default=None,
         choices=list(TOOL_PARSERS),
         help="Tool-call format of the model's chat template: hermes (Hermes, Qwen2.5, Qwen3).",
+    )
+    g.add_argument(
+        "--reasoning-parser",
+        default=None,
+        choices=list(REASONING_PARSERS),
+        help="Split the model's <think> block into reasoning_content: qwen3, deepseek_r1.",
     )
     g.add_argument(
         "--uvicorn-log-level",

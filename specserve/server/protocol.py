@@ -194,6 +194,7 @@ class ChatCompletionRequest(_RequestBase):
 class ChatMessage(BaseModel):
     role: str
     content: str | None = None
+    reasoning_content: str | None = None  # --reasoning-parser: the model's thinking
     tool_calls: list[dict[str, Any]] = Field(default_factory=list)
 
 
@@ -233,6 +234,7 @@ class ChatCompletionResponse(BaseModel):
 class DeltaMessage(BaseModel):
     role: str | None = None
     content: str | None = None
+    reasoning_content: str | None = None  # --reasoning-parser
     tool_calls: list[dict[str, Any]] | None = None  # streamed tool calls (--tool-call-parser), each whole
 
 
