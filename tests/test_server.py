@@ -60,21 +60,19 @@ class ServerThread:
         self.thread.join(timeout=10)
 
 
-@pytest.fixture(scope="module")
-def engine(tiny_llama_dir: str) -> Iterator[Any]:
+def tiny_engine(model_dir: str, **kw: Any) -> Any:
+    """The AsyncLLM these tests serve: ``model_dir`` on the CPU in float32, 4 sequences (``kw``: EngineConfig
+    overrides)."""
     from specserve.config import EngineConfig
     from specserve.engine.async_engine import AsyncLLM
 
-    eng = AsyncLLM(
-        EngineConfig(
-            model=tiny_llama_dir,
-            max_model_len=MAX_MODEL_LEN,
-            max_num_seqs=4,
-            num_gpu_blocks=96,
-            device="cpu",
-            dtype="float32",
-        )
-    )
+    kw = {"max_model_len": MAX_MODEL_LEN, "max_num_seqs": 4, "num_gpu_blocks": 96, **kw}
+    return AsyncLLM(EngineConfig(model=model_dir, device="cpu", dtype="float32", **kw))
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_llama_dir: str) -> Iterator[Any]:
+    eng = tiny_engine(tiny_llama_dir)
     yield eng
     eng.shutdown()
 
@@ -746,22 +744,11 @@ def test_draft_model_speculation_over_http(tiny_llama_dir: str, client: openai.O
     non-speculative server's, and every draft is accepted (/metrics)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from specserve.config import EngineConfig, SpeculativeConfig
-    from specserve.engine.async_engine import AsyncLLM
+    from specserve.config import SpeculativeConfig
     from specserve.server.api_server import build_app
 
     spec = {"model": tiny_llama_dir, "num_speculative_tokens": 3, "disable_by_batch_size": 2}
-    eng = AsyncLLM(
-        EngineConfig(
-            model=tiny_llama_dir,
-            max_model_len=MAX_MODEL_LEN,
-            max_num_seqs=4,
-            num_gpu_blocks=96,
-            device="cpu",
-            dtype="float32",
-            speculative_config=SpeculativeConfig.from_any(spec),
-        )
-    )
+    eng = tiny_engine(tiny_llama_dir, speculative_config=SpeculativeConfig.from_any(spec))
     prompts = ["The capital of France is", "1 2 3 4 5", "Once upon a time", "a"]
     lengths = [24, 6, 6, 6]  # while they overlap no drafts (gated), then the long one drafts alone
     try:

@@ -15,7 +15,7 @@ from typing import Any
 
 import openai
 import pytest
-from test_server import MAX_MODEL_LEN, ServerThread
+from test_server import ServerThread, tiny_engine
 
 from specserve.server.reasoning_parsers import ReasoningStream, extract_reasoning
 from specserve.server.tool_parsers import HermesStream, extract_tool_calls
@@ -105,19 +105,7 @@ class ScriptedText:
 
 @pytest.fixture(scope="module")
 def real_engine(tiny_llama_dir: str) -> Iterator[Any]:
-    from specserve.config import EngineConfig
-    from specserve.engine.async_engine import AsyncLLM
-
-    eng = AsyncLLM(
-        EngineConfig(
-            model=tiny_llama_dir,
-            max_model_len=MAX_MODEL_LEN,
-            max_num_seqs=4,
-            num_gpu_blocks=64,
-            device="cpu",
-            dtype="float32",
-        )
-    )
+    eng = tiny_engine(tiny_llama_dir, num_gpu_blocks=64)
     yield eng
     eng.shutdown()
 

@@ -15,6 +15,7 @@ from specserve.spec.drafter_utils import (
     drafter_graph_mode,
     drafter_split_gemm,
     load_drafter_checkpoint,
+    scatter_drafts,
 )
 from specserve.spec.proposer import DraftInput, Proposer
 
@@ -191,11 +192,7 @@ class DFlashProposer(Proposer):
             for i in drafting
         ]
         self.query.fill(b, rows, self.runner.block_size)
-        drafts = self.graphs.run(b)[: len(drafting)].tolist()
-        out: list[list[int]] = [[] for _ in inputs]
-        for j, i in enumerate(drafting):
-            out[i] = drafts[j][: inputs[i].max_drafts]
-        return out
+        return scatter_drafts(inputs, drafting, self.graphs.run(b)[: len(drafting)].tolist())
 
     @torch.inference_mode()
     def propose(self, inputs: list[DraftInput], features: torch.Tensor | None) -> list[list[int]]:
@@ -235,7 +232,4 @@ class DFlashProposer(Proposer):
         embeds = tgt.embed_tokens(torch.tensor(ids, dtype=torch.long, device=dev))
         hidden = self.model(embeds, positions, meta, self.caches, backend)
         hidden = hidden.view(len(drafting), K + 1, -1)[:, 1:]
-        drafts = argmax_last(tgt.compute_logits(hidden)).tolist()
-        for j, i in enumerate(drafting):
-            out[i] = drafts[j][: inputs[i].max_drafts]
-        return out
+        return scatter_drafts(inputs, drafting, argmax_last(tgt.compute_logits(hidden)).tolist())

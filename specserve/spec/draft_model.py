@@ -17,7 +17,14 @@ import torch
 from specserve.config import ModelConfig, SpeculativeConfig
 from specserve.layers.sampler import argmax_last
 from specserve.models.llama import DecoderLM
-from specserve.spec.drafter_utils import PagedBatch, build_model, drafter_graph_mode, drafter_split_gemm
+from specserve.spec.drafter_utils import (
+    OneTokenSteps,
+    PagedBatch,
+    build_model,
+    drafter_graph_mode,
+    drafter_split_gemm,
+    scatter_drafts,
+)
 from specserve.spec.proposer import DraftInput, Proposer
 
 if TYPE_CHECKING:
@@ -95,65 +102,22 @@ class DraftModelProposer(Proposer):
         padded, capture = drafter_graph_mode(runner)
         if not padded or K < 2:
             return
-        from specserve.layers.attention import AttnMetadata
         from specserve.runner.cuda_graphs import BucketedGraphs, batch_buckets
 
-        dev, max_b = runner.device, runner.config.max_num_seqs
-        self.s_tok = torch.zeros(max_b, dtype=torch.long, device=dev)
-        self.s_base = torch.zeros(max_b, dtype=torch.long, device=dev)
-        self.s_valid = torch.zeros(max_b, dtype=torch.int32, device=dev)
-        self.s_slots = torch.full((K - 1, max_b), -1, dtype=torch.long, device=dev)
-        self.s_bt = torch.zeros((max_b, runner.max_blocks_per_seq), dtype=torch.int32, device=dev)
-        self.s_qsl = torch.arange(max_b + 1, dtype=torch.int32, device=dev)
-        max_seq = runner.max_model_len + K + 1
+        self.steps = st = OneTokenSteps(runner, K)
 
         def fn(b: int) -> torch.Tensor:
-            tok, outs = self.s_tok[:b], []
+            tok, outs = st.tok[:b], []
             for step in range(1, K):
-                pos = self.s_base[:b] + step
-                seq = (pos + 1).to(torch.int32) * self.s_valid[:b]
-                meta = AttnMetadata(
-                    self.s_qsl[: b + 1],
-                    seq,
-                    self.s_bt[:b],
-                    self.s_slots[step - 1, :b],
-                    max_query_len=1,
-                    max_seq_len=max_seq,
-                )
+                pos, meta = st.meta(b, step)
                 hidden, _ = self.model(tok, pos, meta)
                 tok = argmax_last(self.model.compute_logits(hidden))
                 outs.append(tok)
             return torch.stack(outs, 1)
 
-        self.graphs = BucketedGraphs("draft model steps", fn, batch_buckets(max_b), dev, capture)
-
-    def _steps_uniform(
-        self, inputs: list[DraftInput], drafting: list[int], tok: torch.Tensor, bonus_pos: list[int]
-    ) -> list[list[int]]:
-        """Steps 2..K as one replay of the bucket's graph (static inputs filled from the host)."""
-        K, runner = self.num_speculative_tokens, self.runner
-        n = len(drafting)
-        b = self.graphs.bucket(n)
-        slots = torch.full((K - 1, b), -1, dtype=torch.long)
-        bt = torch.zeros((b, self.s_bt.shape[1]), dtype=torch.int32)
-        valid = torch.zeros(b, dtype=torch.int32)
-        base = torch.zeros(b, dtype=torch.long)
-        for j, (i, p) in enumerate(zip(drafting, bonus_pos)):
-            table = inputs[i].block_table
-            slots[:, j] = torch.tensor([runner.slot(table, p + s) for s in range(1, K)])
-            bt[j, : len(table)] = torch.tensor(table, dtype=torch.int32)
-            valid[j], base[j] = 1, p
-        self.s_tok[:n].copy_(tok)
-        self.s_slots[:, :b].copy_(slots, non_blocking=True)
-        self.s_bt[:b].copy_(bt, non_blocking=True)
-        self.s_valid[:b].copy_(valid, non_blocking=True)
-        self.s_base[:b].copy_(base, non_blocking=True)
-        rest = self.graphs.run(b)[:n]
-        all_drafts = torch.cat([tok[:, None], rest], 1).tolist()
-        out: list[list[int]] = [[] for _ in inputs]
-        for j, i in enumerate(drafting):
-            out[i] = all_drafts[j][: inputs[i].max_drafts]
-        return out
+        self.graphs = BucketedGraphs(
+            "draft model steps", fn, batch_buckets(runner.config.max_num_seqs), runner.device, capture
+        )
 
     def propose(self, inputs: list[DraftInput], features: torch.Tensor | None) -> list[list[int]]:
         runner, dev = self.runner, self.runner.device
@@ -184,7 +148,11 @@ class DraftModelProposer(Proposer):
         # 2) K-1 one-token steps from each bonus token's position
         bonus_pos = [len(inputs[i].token_ids) - 1 for i in drafting_idx]
         if self.graphs is not None and len(drafting_idx) <= self.graphs.max_batch:
-            return self._steps_uniform(inputs, drafting_idx, tok, bonus_pos)
+            # steps 2..K as one replay of the bucket's graph
+            b = self.graphs.bucket(len(drafting_idx))
+            self.steps.fill(inputs, drafting_idx, bonus_pos, b, tok)
+            rest = self.graphs.run(b)[: len(drafting_idx)]
+            return scatter_drafts(inputs, drafting_idx, torch.cat([tok[:, None], rest], 1).tolist())
         for step in range(1, self.num_speculative_tokens):
             b = PagedBatch(runner)
             for i, p in zip(drafting_idx, bonus_pos):
@@ -193,7 +161,4 @@ class DraftModelProposer(Proposer):
             hidden, _ = self.model(tok, positions, meta)
             tok = argmax_last(self.model.compute_logits(hidden))
             drafts.append(tok)
-        all_drafts = torch.stack(drafts, dim=1).tolist()
-        for j, i in enumerate(drafting_idx):
-            out[i] = all_drafts[j][: inputs[i].max_drafts]
-        return out
+        return scatter_drafts(inputs, drafting_idx, torch.stack(drafts, dim=1).tolist())

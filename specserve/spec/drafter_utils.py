@@ -86,3 +86,64 @@ class PagedBatch:
     def build(self, causal: bool = True) -> tuple[torch.Tensor, AttnMetadata]:
         meta = self.runner.build_metadata(self.q_lens, self.seq_lens, self.tables, self.slots, causal=causal)
         return torch.tensor(self.positions, dtype=torch.long, device=self.runner.device), meta
+
+
+def scatter_drafts(inputs: list[Any], drafting: list[int], rows: list[list[int]]) -> list[list[int]]:
+    """Per input its drafts: row j of ``rows`` for input ``drafting[j]``, cut to its ``max_drafts``; none for the
+    others."""
+    out: list[list[int]] = [[] for _ in inputs]
+    for j, i in enumerate(drafting):
+        out[i] = rows[j][: inputs[i].max_drafts]
+    return out
+
+
+class OneTokenSteps:
+    """Static inputs of a drafter's K-1 one-token draft steps over the padded batch, which EAGLE-3's and the draft
+    model's graphs read: per row the token, the base position (step s runs at base + s), validity, the steps' slots
+    and the block table. Padding rows have seq_len 0 and slot -1 (no K/V write)."""
+
+    def __init__(self, runner: ModelRunner, K: int) -> None:
+        dev, max_b = runner.device, runner.config.max_num_seqs
+        self.runner, self.K = runner, K
+        self.tok = torch.zeros(max_b, dtype=torch.long, device=dev)
+        self.base = torch.zeros(max_b, dtype=torch.long, device=dev)
+        self.valid = torch.zeros(max_b, dtype=torch.int32, device=dev)
+        self.slots = torch.full((K - 1, max_b), -1, dtype=torch.long, device=dev)
+        self.bt = torch.zeros((max_b, runner.max_blocks_per_seq), dtype=torch.int32, device=dev)
+        self.qsl = torch.arange(max_b + 1, dtype=torch.int32, device=dev)
+        self.max_seq = runner.max_model_len + K + 1
+
+    def meta(self, b: int, step: int) -> tuple[torch.Tensor, AttnMetadata]:
+        """(positions, attention metadata) of step ``step`` (1..K-1) for bucket ``b``."""
+        pos = self.base[:b] + step
+        seq = (pos + 1).to(torch.int32) * self.valid[:b]
+        meta = AttnMetadata(
+            self.qsl[: b + 1],
+            seq,
+            self.bt[:b],
+            self.slots[step - 1, :b],
+            max_query_len=1,
+            max_seq_len=self.max_seq,
+        )
+        return pos, meta
+
+    def fill(
+        self, inputs: list[Any], drafting: list[int], base_pos: list[int], b: int, tok: torch.Tensor
+    ) -> None:
+        """Rows 0..n-1: input ``drafting[j]`` drafting from position ``base_pos[j]`` with first token ``tok[j]``; rows
+        n..b-1 padding."""
+        K, runner = self.K, self.runner
+        slots = torch.full((K - 1, b), -1, dtype=torch.long)
+        bt = torch.zeros((b, self.bt.shape[1]), dtype=torch.int32)
+        valid = torch.zeros(b, dtype=torch.int32)
+        base = torch.zeros(b, dtype=torch.long)
+        for j, (i, p) in enumerate(zip(drafting, base_pos)):
+            table = inputs[i].block_table
+            slots[:, j] = torch.tensor([runner.slot(table, p + s) for s in range(1, K)])
+            bt[j, : len(table)] = torch.tensor(table, dtype=torch.int32)
+            valid[j], base[j] = 1, p
+        self.tok[: len(drafting)].copy_(tok)
+        self.slots[:, :b].copy_(slots, non_blocking=True)
+        self.bt[:b].copy_(bt, non_blocking=True)
+        self.valid[:b].copy_(valid, non_blocking=True)
+        self.base[:b].copy_(base, non_blocking=True)

@@ -10,7 +10,14 @@ import torch
 from specserve.config import SpeculativeConfig
 from specserve.layers.sampler import argmax_last
 from specserve.models.eagle3 import Eagle3DraftModel
-from specserve.spec.drafter_utils import PagedBatch, build_model, drafter_graph_mode, load_drafter_checkpoint
+from specserve.spec.drafter_utils import (
+    OneTokenSteps,
+    PagedBatch,
+    build_model,
+    drafter_graph_mode,
+    load_drafter_checkpoint,
+    scatter_drafts,
+)
 from specserve.spec.proposer import DraftInput, Proposer
 
 if TYPE_CHECKING:
@@ -88,31 +95,16 @@ class Eagle3Proposer(Proposer):
         padded, capture = drafter_graph_mode(runner)
         if not padded or K < 2:
             return
-        from specserve.layers.attention import AttnMetadata
         from specserve.runner.cuda_graphs import BucketedGraphs, batch_buckets
 
         dev, max_b = runner.device, cfg.max_num_seqs
-        self.e_tok = torch.zeros(max_b, dtype=torch.long, device=dev)
+        self.steps = st = OneTokenSteps(runner, K)
         self.e_hidden = torch.zeros((max_b, self.model.cfg.hidden_size), dtype=runner.dtype, device=dev)
-        self.e_base = torch.zeros(max_b, dtype=torch.long, device=dev)
-        self.e_valid = torch.zeros(max_b, dtype=torch.int32, device=dev)
-        self.e_slots = torch.full((K - 1, max_b), -1, dtype=torch.long, device=dev)
-        self.e_bt = torch.zeros((max_b, runner.max_blocks_per_seq), dtype=torch.int32, device=dev)
-        self.e_qsl = torch.arange(max_b + 1, dtype=torch.int32, device=dev)
 
         def fn(b: int) -> torch.Tensor:
-            tok, hidden, outs = self.e_tok[:b], self.e_hidden[:b], []
+            tok, hidden, outs = st.tok[:b], self.e_hidden[:b], []
             for step in range(1, K):
-                pos = self.e_base[:b] + step
-                seq = (pos + 1).to(torch.int32) * self.e_valid[:b]
-                meta = AttnMetadata(
-                    self.e_qsl[: b + 1],
-                    seq,
-                    self.e_bt[:b],
-                    self.e_slots[step - 1, :b],
-                    max_query_len=1,
-                    max_seq_len=runner.max_model_len + K + 1,
-                )
+                pos, meta = st.meta(b, step)
                 hidden, normed = self.model(self._embed(tok), hidden, pos, meta, self.cache, runner.backend)
                 tok = self._draft_tokens(normed)
                 outs.append(tok)
@@ -194,30 +186,12 @@ class Eagle3Proposer(Proposer):
         last_pos: list[int],
     ) -> list[list[int]]:
         """Steps 2..K as one graph replay: static token/hidden/positions/slots for the bucket."""
-        K, runner = self.num_speculative_tokens, self.runner
         n = len(drafting)
         b = self.graphs.bucket(n)
-        slots = torch.full((K - 1, b), -1, dtype=torch.long)
-        bt = torch.zeros((b, self.e_bt.shape[1]), dtype=torch.int32)
-        valid = torch.zeros(b, dtype=torch.int32)
-        base = torch.zeros(b, dtype=torch.long)
-        for j, (i, p) in enumerate(zip(drafting, last_pos)):
-            table = inputs[i].block_table
-            slots[:, j] = torch.tensor([runner.slot(table, p + s) for s in range(1, K)])
-            bt[j, : len(table)] = torch.tensor(table, dtype=torch.int32)
-            valid[j], base[j] = 1, p
-        self.e_tok[:n].copy_(tok)
+        self.steps.fill(inputs, drafting, last_pos, b, tok)
         self.e_hidden[:n].copy_(hidden)
-        self.e_slots[:, :b].copy_(slots, non_blocking=True)
-        self.e_bt[:b].copy_(bt, non_blocking=True)
-        self.e_valid[:b].copy_(valid, non_blocking=True)
-        self.e_base[:b].copy_(base, non_blocking=True)
         rest = self.graphs.run(b)[:n]
-        all_drafts = torch.cat([tok[:, None], rest], 1).tolist()
-        out: list[list[int]] = [[] for _ in inputs]
-        for j, i in enumerate(drafting):
-            out[i] = all_drafts[j][: inputs[i].max_drafts]
-        return out
+        return scatter_drafts(inputs, drafting, torch.cat([tok[:, None], rest], 1).tolist())
 
     def _embed(self, ids: torch.Tensor) -> torch.Tensor:
         emb = self.model.embed_tokens or self.runner.model.embed_tokens
@@ -269,7 +243,4 @@ class Eagle3Proposer(Proposer):
             hidden, normed = self.model(self._embed(tok), hidden, positions, meta, self.cache, backend)
             tok = self._draft_tokens(normed)
             drafts.append(tok)
-        all_drafts = torch.stack(drafts, 1).tolist()
-        for j, i in enumerate(drafting):
-            out[i] = all_drafts[j][: inputs[i].max_drafts]
-        return out
+        return scatter_drafts(inputs, drafting, torch.stack(drafts, 1).tolist())

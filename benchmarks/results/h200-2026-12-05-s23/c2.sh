@@ -49,16 +49,6 @@ cp /root/new/smollm2-135m-eagle3/model.safetensors $OUT/eagle3-int8.safetensors
 wait $PK; ls -la $OUT $OUT/df
 T2=$(date +%s); echo "[c2] trained at $((T2 - T0)) s"
 if [ -n "$NOEVAL" ]; then tar -C /root -czf $OUT/logs.tgz logs; echo "[c2] total $(( $(date +%s) - T0 )) s"; exit 0; fi
-SETS=(/root/ev/{math500_test,gsm8k_test,mt_bench_question,humaneval,alpaca}.jsonl)
-sc() { echo "{\"method\": \"$1\", \"model\": \"$2\", \"num_speculative_tokens\": $3}"; }
-N=/root/new; ET=$(( ${CALL:-600} - 8 - (T2 - T0) ))
-timeout $ET python -m specserve eval-acceptance --model $G --dtype bfloat16 \
-    -sc "$(sc dflash $N/smollm2-135m-dflash 15)" -sc "$(sc dflash $N/smollm2-135m-dflash 4)" \
-    --dataset "${SETS[@]}" --num-prompts 24 --max-tokens 256 --batch-size 8 --out $L/eval_acceptance-dflashL.json > $L/eval_acceptance-dflashL.log 2>&1 &
-timeout $ET python -m specserve eval-acceptance --model $G --dtype bfloat16 \
-    -sc "$(sc eagle3 $N/smollm2-135m-eagle3 4)" -sc "$(sc eagle3 $N/smollm2-135m-eagle3 7)" \
-    --dataset "${SETS[@]}" --num-prompts 24 --max-tokens 256 --batch-size 8 --out $L/eval_acceptance-eagle3int8.json > $L/eval_acceptance-eagle3int8.log 2>&1 &
-wait
-for w in dflashL eagle3int8; do echo "== $w"; grep -v "^INFO" $L/eval_acceptance-$w.log | grep -v "^{" | tail -9; grep "^{" $L/eval_acceptance-$w.log | cut -c1-200; done
-tar -C /root -czf $OUT/logs.tgz logs g/mix/data.jsonl.meta.json g/latexg/data.jsonl.meta.json g/latexs/data.jsonl.meta.json g/latex8/data.jsonl.meta.json 2>/dev/null
+# the held-out evaluation: c2e.sh (also a call of its own) in the time left
+CALL=$(( ${CALL:-600} - (T2 - T0) )) bash "$(dirname "$0")/c2e.sh"
 echo "[c2] total $(( $(date +%s) - T0 )) s"
