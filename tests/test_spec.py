@@ -579,6 +579,26 @@ def test_drafter_without_a_method_named_nowhere_is_a_clear_error(tiny_qwen3_dir,
         )
 
 
+def test_draft_model_context_caps_drafting(tiny_qwen3_dir, smol_tokenizer, baseline, tmp_path):
+    """No drafts past the draft model's own context (its max_position_embeddings), as vLLM; still lossless."""
+    import json
+    import shutil
+
+    plen = len(smol_tokenizer(PROMPTS[0]).input_ids)
+    short = tmp_path / "short-context-lm"
+    shutil.copytree(tiny_qwen3_dir, short)
+    cfg = json.loads((short / "config.json").read_text())
+    cfg["max_position_embeddings"] = plen + 6
+    (short / "config.json").write_text(json.dumps(cfg))
+    llm, outs = _spec_run(
+        tiny_qwen3_dir, {"model": str(short), "num_speculative_tokens": 4}, prompts=PROMPTS[:1]
+    )
+    assert outs == baseline[:1] and llm.engine.runner.draft_max_model_len == plen + 6
+    m = llm.get_metrics()
+    # the target as its own draft: every draft accepted, and only while the sequence stays within plen + 6
+    assert 0 < m["spec_decode_num_draft_tokens"] == m["spec_decode_num_accepted_tokens"] <= sum(range(1, 6))
+
+
 def test_draft_model_vocab_mismatch_is_a_clear_error(tiny_qwen3_dir, tmp_path):
     import json
     import shutil
