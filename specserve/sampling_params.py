@@ -8,6 +8,42 @@ _GREEDY_EPS = 1e-5
 
 
 @dataclass
+class StructuredOutputsParams:
+    """vLLM's ``StructuredOutputsParams``: constrain the output to a JSON schema (``json``: a dict or its JSON
+    text), to any JSON object (``json_object=True``) or to one of the strings in ``choice``. Exactly one may be
+    set. ``regex``, ``grammar`` and ``structural_tag`` are vLLM's too and are refused here (not supported)."""
+
+    json: str | dict | None = None  # type: ignore[type-arg]
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    structural_tag: str | None = None
+
+    def __post_init__(self) -> None:
+        kinds = [
+            k
+            for k in ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
+            if getattr(self, k) is not None and getattr(self, k) is not False
+        ]
+        if len(kinds) != 1:
+            raise ValueError(
+                "structured_outputs must set exactly one of json, choice or json_object"
+                + (f"; got {', '.join(kinds)}." if kinds else ".")
+            )
+        if kinds[0] in ("regex", "grammar", "structural_tag"):
+            raise ValueError(
+                f"structured_outputs: {kinds[0]} is not supported by specserve (json, json_object and choice are)."
+            )
+
+    def cache_key(self) -> str:
+        import json as _json
+
+        # key order kept: a schema's property order is part of its grammar
+        return _json.dumps([self.json, self.choice, bool(self.json_object)])
+
+
+@dataclass
 class SamplingParams:
     n: int = 1
     temperature: float = 1.0
@@ -23,6 +59,7 @@ class SamplingParams:
     logprobs: int | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    structured_outputs: StructuredOutputsParams | None = None
     # filled by the engine (EOS from generation_config / tokenizer); not user-facing
     _all_stop_token_ids: set[int] = field(default_factory=set, repr=False)
 

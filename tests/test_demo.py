@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import httpx
+import jsonschema
 import openai
 import torch
 from test_server import free_port, metric_value
@@ -72,6 +73,22 @@ def test_serve_with_no_arguments_runs_the_demo_with_dflash(tmp_path: Path) -> No
         )
         assert "Paris" in (r.choices[0].message.content or "")
         assert r.usage is not None and r.usage.completion_tokens > 0
+        # structured outputs on the real model, with its drafter on: valid under the schema, and still right
+        schema = {
+            "type": "object",
+            "properties": {"country": {"type": "string"}, "capital": {"type": "string"}},
+            "required": ["country", "capital"],
+        }
+        r = client.chat.completions.create(
+            model=model,
+            messages=[{"role": "user", "content": "What is the capital of France? Answer in JSON."}],
+            max_tokens=64,
+            temperature=0,
+            response_format={"type": "json_schema", "json_schema": {"name": "capital", "schema": schema}},
+        )
+        answer = json.loads(r.choices[0].message.content or "")
+        jsonschema.validate(answer, schema)
+        assert "Paris" in answer["capital"], answer
         text = httpx.get(f"{url}/metrics", timeout=10).text
         drafts = metric_value(text, "vllm:spec_decode_num_drafts_total")
         accepted = metric_value(text, "vllm:spec_decode_num_accepted_tokens_total")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -172,6 +173,8 @@ class LLMEngine:
         self.parents: dict[str, _Parent] = {}
         self.requests: dict[str, Request] = {}
         self.counter = itertools.count()
+        self._grammars: OrderedDict[str, Any] = OrderedDict()  # structured outputs: compiled grammars by spec
+        self._vocab: Any = None  # structured outputs: the tokenizer's vocabulary trie (built on first use)
         # True: step() returns outputs only for finished requests (LLM.generate: no per-step snapshots to build)
         self.final_outputs_only = False
         self._inflight: InflightDecode | None = None  # async scheduling: the decode step on the device
@@ -297,6 +300,7 @@ class LLMEngine:
         params._all_stop_token_ids = set(params.stop_token_ids or [])
         if not params.ignore_eos:
             params._all_stop_token_ids |= self.eos_token_ids
+        grammar = self._grammar(params.structured_outputs) if params.structured_outputs is not None else None
         children = []
         for i in range(params.n):
             p = params
@@ -312,12 +316,47 @@ class LLMEngine:
                 parent_id=rid,
                 index=i,
             )
+            if grammar is not None:
+                from specserve.structured import GrammarMatcher
+
+                req.grammar = GrammarMatcher(
+                    grammar, self._vocab, params._all_stop_token_ids or self.eos_token_ids
+                )
             children.append(req)
         self.parents[rid] = _Parent(rid, text, ids, children)
         for req in children:
             self.requests[req.request_id] = req
             self.scheduler.add(req)
         return rid
+
+    def _grammar(self, so: Any) -> Any:
+        """The compiled grammar of a structured-outputs request (compiled grammars are kept by spec, so their
+        cached masks serve every request with the same schema); a bad spec is a RequestValidationError."""
+        from specserve.structured import Grammar, GrammarError, TokenVocab
+
+        key = so.cache_key()
+        cache = self._grammars
+        g = cache.get(key)
+        if g is None:
+            try:
+                if so.choice is not None:
+                    g = Grammar.choice(so.choice)
+                elif so.json is not None:
+                    g = Grammar.json_schema(so.json)
+                else:
+                    g = Grammar.json_any()
+            except GrammarError as e:
+                raise RequestValidationError(
+                    f"Invalid structured outputs request: {e}", "structured_outputs"
+                ) from None
+            cache[key] = g
+            if len(cache) > 64:
+                cache.popitem(last=False)
+        else:
+            cache.move_to_end(key)
+        if self._vocab is None:
+            self._vocab = TokenVocab.from_tokenizer(self.tokenizer, self.model_config.vocab_size)
+        return g
 
     def abort_request(self, request_id: str) -> None:
         parent = self.parents.pop(request_id, None)

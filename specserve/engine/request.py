@@ -54,6 +54,7 @@ class Request:
     stop_reason: int | str | None = None
     first_token_time: float | None = None
     num_preemptions: int = 0
+    grammar: Any = None  # structured outputs: a GrammarMatcher (masks the logits of every step it samples)
 
     def __post_init__(self) -> None:
         if not self.token_ids:

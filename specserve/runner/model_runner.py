@@ -620,6 +620,8 @@ class ModelRunner:
                 return False
             if p.min_tokens and p._all_stop_token_ids and s.req.num_output_tokens < p.min_tokens:
                 return False
+            if s.req.grammar is not None:  # structured outputs: the host masks the logits (_mask_grammar)
+                return False
         return True
 
     def _fetch_packed(self, packed: torch.Tensor, n: int) -> list[list[int]]:
@@ -708,6 +710,31 @@ class ModelRunner:
                     if s.req.num_output_tokens + j < p.min_tokens:
                         logits[row + j, ids] = float("-inf")
             row += n
+
+    def _mask_grammar(self, logits: torch.Tensor, items: list) -> None:  # type: ignore[type-arg]
+        """Structured outputs: forbid the tokens the request's grammar rejects, on each of its rows (row j: after
+        its output and its first j drafts). Greedy, random and rejection sampling then stay exact for the
+        constrained distribution, and a draft the grammar rejects is rejected."""
+        row = 0
+        rows: list[int] = []
+        masks: list[Any] = []
+        for s in items:
+            n = 1 + len(s.spec_token_ids)
+            if s.req.grammar is not None:
+                rows.extend(range(row, row + n))
+                masks.append(s.req.grammar.rows(s.req.output_token_ids, s.spec_token_ids))
+            row += n
+        if not rows:
+            return
+        import numpy as np
+
+        allowed = torch.from_numpy(np.concatenate(masks)).to(self.device, non_blocking=True)
+        width = min(allowed.shape[1], logits.shape[1])
+        idx = torch.tensor(rows, device=self.device)
+        sub = logits[idx]
+        sub[:, :width].masked_fill_(~allowed[:, :width], float("-inf"))
+        sub[:, width:] = float("-inf")
+        logits[idx] = sub
 
     # ------------------------------------------------------------------ async decode (see LLMEngine.step)
     def can_launch_async(self, items: list) -> bool:  # type: ignore[type-arg]
@@ -926,6 +953,7 @@ class ModelRunner:
                 logits = self.model.compute_logits(hidden[rows_t]).float()
             reqs = [items[i].req for i in sampling]
             self._mask_min_tokens(logits, [items[i] for i in sampling])
+            self._mask_grammar(logits, [items[i] for i in sampling])
             gens = [self.generator_for(r) for r in reqs]
             st = SamplingTensors.from_params([r.params for r in reqs], gens, self.device)
             num_draft = [len(items[i].spec_token_ids) for i in sampling]

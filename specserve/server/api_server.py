@@ -28,7 +28,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from specserve.errors import RequestValidationError as EngineValidationError
 from specserve.outputs import Logprob, RequestOutput
-from specserve.sampling_params import SamplingParams
+from specserve.sampling_params import SamplingParams, StructuredOutputsParams
 from specserve.server.metrics import CONTENT_TYPE_LATEST, RequestTimer, ServerMetrics
 from specserve.server.protocol import (
     ChatCompletionLogProb,
@@ -60,7 +60,14 @@ from specserve.server.protocol import (
     random_uuid,
 )
 from specserve.server.reasoning_parsers import REASONING_PARSERS, ReasoningStream, extract_reasoning
-from specserve.server.tool_parsers import TOOL_PARSERS, HermesStream, extract_tool_calls
+from specserve.server.tool_parsers import (
+    TOOL_PARSERS,
+    ForcedToolStream,
+    HermesStream,
+    extract_tool_calls,
+    forced_tool_calls,
+    required_tools_schema,
+)
 
 logger = logging.getLogger("specserve.server")
 
@@ -130,6 +137,18 @@ def _error_json(err: APIError) -> str:
     return ErrorResponse(
         error=ErrorInfo(message=err.message, type=err.err_type, param=err.param, code=err.status)
     ).model_dump_json()
+
+
+# structured_outputs fields vLLM accepts that change nothing here (backend choices, whitespace options)
+_SO_IGNORED = frozenset(
+    (
+        "disable_fallback",
+        "disable_any_whitespace",
+        "disable_additional_properties",
+        "whitespace_pattern",
+        "_backend",
+    )
+)
 
 
 def _param_from_message(message: str) -> str | None:
@@ -241,11 +260,78 @@ class OpenAIServing:
     def _defaults(self) -> dict[str, Any]:
         return dict(getattr(self.engine, "default_sampling_overrides", None) or {})
 
+    @staticmethod
+    def structured_outputs(
+        req: CompletionRequest | ChatCompletionRequest, forced: dict[str, Any] | None = None
+    ) -> StructuredOutputsParams | None:
+        """The request's output constraint, from whichever of OpenAI's ``response_format``, vLLM's
+        ``structured_outputs`` or its older ``guided_json`` / ``guided_choice`` / ... it uses (one at most), or
+        ``forced``: the JSON schema a named / ``required`` tool choice imposes."""
+        specs: list[tuple[str, dict[str, Any]]] = []
+        rf = req.response_format
+        if rf is not None:
+            kind = rf.get("type", "text") if isinstance(rf, dict) else None
+            if kind == "json_object":
+                specs.append(("response_format", {"json_object": True}))
+            elif kind == "json_schema":
+                js = rf.get("json_schema")
+                schema = js.get("schema", js.get("json_schema")) if isinstance(js, dict) else None
+                if schema is None:
+                    raise APIError(
+                        400, "response_format: json_schema must carry a `schema`.", "response_format"
+                    )
+                specs.append(("response_format", {"json": schema}))
+            elif kind != "text":
+                raise APIError(
+                    400,
+                    f"response_format: type must be 'text', 'json_object' or 'json_schema', got {kind!r}.",
+                    "response_format",
+                )
+        if req.structured_outputs is not None:
+            if not isinstance(req.structured_outputs, dict):
+                raise APIError(400, "structured_outputs must be an object.", "structured_outputs")
+            so = {k: v for k, v in req.structured_outputs.items() if v is not None and k not in _SO_IGNORED}
+            specs.append(("structured_outputs", so))
+        for field, key in (
+            ("guided_json", "json"),
+            ("guided_regex", "regex"),
+            ("guided_choice", "choice"),
+            ("guided_grammar", "grammar"),
+        ):
+            v = getattr(req, field)
+            if v is not None:
+                specs.append((field, {key: v}))
+        if forced is not None:
+            if specs:
+                raise APIError(
+                    400,
+                    f"A named or 'required' tool_choice cannot be combined with {specs[0][0]}.",
+                    "tool_choice",
+                )
+            specs.append(("tool_choice", {"json": forced}))
+        if not specs:
+            return None
+        if len(specs) > 1:
+            raise APIError(
+                400,
+                f"Only one kind of structured outputs constraint may be set; got {specs[0][0]} and {specs[1][0]}.",
+                specs[1][0],
+            )
+        where, spec = specs[0]
+        unknown = sorted(set(spec) - set(StructuredOutputsParams.__dataclass_fields__))
+        if unknown:
+            raise APIError(400, f"{where}: unknown field(s) {', '.join(unknown)}.", where)
+        try:
+            return StructuredOutputsParams(**spec)
+        except (ValueError, TypeError) as e:
+            raise APIError(400, str(e), where) from None
+
     def build_params(
         self,
         req: CompletionRequest | ChatCompletionRequest,
         max_tokens: int | None,
         logprobs: int | None,
+        forced_schema: dict[str, Any] | None = None,
     ) -> SamplingParams:
         if req.best_of is not None and req.best_of != req.n:
             raise APIError(400, "best_of is not supported; use n.", "best_of")
@@ -265,6 +351,7 @@ class OpenAIServing:
             raise APIError(400, "logit_bias is not supported by specserve.", "logit_bias")
         if req.stream_options is not None and not req.stream:
             raise APIError(400, "Stream options can only be defined when `stream=True`.", "stream_options")
+        structured = self.structured_outputs(req, forced_schema)
         d = self._defaults()
 
         def pick(name: str, fallback: Any) -> Any:
@@ -287,6 +374,7 @@ class OpenAIServing:
                 logprobs=logprobs,
                 skip_special_tokens=req.skip_special_tokens,
                 include_stop_str_in_output=req.include_stop_str_in_output,
+                structured_outputs=structured,
             )
         except (ValueError, TypeError) as e:
             msg = str(e)
@@ -716,24 +804,40 @@ class OpenAIServing:
             raise APIError(
                 400, f"top_logprobs must be an integer in [0, 20], got {req.top_logprobs}.", "top_logprobs"
             )
-        if req.response_format and req.response_format.get("type", "text") != "text":
+        # a named or "required" tool choice: the output is constrained to the call's JSON (as vLLM)
+        forced_schema: dict[str, Any] | None = None
+        forced_name: str | None = None
+        tc = req.tool_choice
+        if tc not in (None, "none", "auto") and not req.tools:
+            raise APIError(400, "When using `tool_choice`, `tools` must be set.", "tool_choice")
+        if isinstance(tc, dict):
+            fn = tc.get("function") if tc.get("type") == "function" else None
+            name = fn.get("name") if isinstance(fn, dict) else None
+            if not isinstance(name, str):
+                raise APIError(
+                    400,
+                    'A named tool_choice must be {"type": "function", "function": {"name": ...}}.',
+                    "tool_choice",
+                )
+            tool = next((t for t in req.tools or [] if (t.get("function") or {}).get("name") == name), None)
+            if tool is None:
+                raise APIError(400, f"Tool '{name}' has not been passed in `tools`.", "tool_choice")
+            forced_schema = tool["function"].get("parameters") or {"type": "object", "properties": {}}
+            forced_name = name
+        elif tc == "required":
+            forced_schema = required_tools_schema(req.tools or [])
+        elif tc not in (None, "none", "auto"):
             raise APIError(
-                400, "response_format (structured output) is not supported by specserve.", "response_format"
+                400, "tool_choice must be 'none', 'auto', 'required' or a named function.", "tool_choice"
             )
-        if req.tool_choice not in (None, "none", "auto"):
-            raise APIError(
-                400,
-                "Only tool_choice 'none' or 'auto' is supported (a named or 'required' tool choice needs "
-                "structured output).",
-                "tool_choice",
-            )
-        if req.tool_choice == "auto" and req.tools and self.tool_parser is None:
+        if tc == "auto" and req.tools and self.tool_parser is None:
             raise APIError(
                 400,
                 '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set',
                 "tool_choice",
             )
-        parse_tools = bool(req.tools) and self.tool_parser is not None and req.tool_choice != "none"
+        forced = (forced_name, tc == "required") if forced_schema is not None else None
+        parse_tools = bool(req.tools) and self.tool_parser is not None and tc in (None, "auto")
         text = self.render_chat(
             req.messages,
             add_generation_prompt=req.add_generation_prompt,
@@ -747,14 +851,23 @@ class OpenAIServing:
         if max_tokens is None:
             max_tokens = self._defaults().get("max_tokens")
         top_n = (req.top_logprobs or 0) if req.logprobs else None
-        params = self.build_params(req, max_tokens, top_n)
+        params = self.build_params(req, max_tokens, top_n, forced_schema)
         request_id = f"chatcmpl-{random_uuid()}"
         created = now()
         gens = await self.start([prompt_ids], params, request_id)
         if req.stream:
             return StreamingResponse(
                 self.chat_stream(
-                    req, params, gens, request_id, created, model, timer, parse_tools, self.reasoning_parser
+                    req,
+                    params,
+                    gens,
+                    request_id,
+                    created,
+                    model,
+                    timer,
+                    parse_tools,
+                    self.reasoning_parser,
+                    forced,
                 ),
                 media_type="text/event-stream",
             )
@@ -779,6 +892,12 @@ class OpenAIServing:
                 message.content, message.tool_calls = content, calls
                 if calls:
                     finish_reason = "tool_calls"  # as vLLM, whatever ended the output
+            elif forced is not None:
+                forced_calls = forced_tool_calls(message.content or "", forced[0])
+                if forced_calls is not None:  # as vLLM: empty content; "tool_calls" for a required choice
+                    message.content, message.tool_calls = "", forced_calls
+                    if forced[1] and finish_reason == "stop":
+                        finish_reason = "tool_calls"
             choices.append(
                 ChatCompletionResponseChoice(
                     index=o.index,
@@ -808,9 +927,14 @@ class OpenAIServing:
         timer: RequestTimer,
         parse_tools: bool = False,
         reasoning_parser: str | None = None,
+        forced: tuple[str | None, bool] | None = None,
     ) -> AsyncIterator[str]:
         n = params.n
-        tool_streams = [HermesStream() for _ in range(n)] if parse_tools else None
+        tool_streams: list[Any] | None = None
+        if parse_tools:
+            tool_streams = [HermesStream() for _ in range(n)]
+        elif forced is not None:
+            tool_streams = [ForcedToolStream(forced[0]) for _ in range(n)]
         reasoning_streams = (
             [ReasoningStream(reasoning_parser) for _ in range(n)] if reasoning_parser else None
         )
@@ -885,7 +1009,11 @@ class OpenAIServing:
                             k = tool_streams[i].num_calls - len(calls)
                             message.tool_calls = [dict(c, index=k + j) for j, c in enumerate(calls)]
                             tools_called[i] = True
-                        if finished and tools_called[i]:
+                        if (
+                            finished
+                            and tools_called[i]
+                            and (forced is None or (forced[1] and finish_reason == "stop"))
+                        ):
                             finish_reason = "tool_calls"
                         if not text and not reasoning and not calls and not finished and lp is None:
                             continue  # held back: may begin a tag

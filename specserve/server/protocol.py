@@ -111,6 +111,15 @@ class _RequestBase(BaseModel):
     repetition_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
     user: str | None = None
+    # structured outputs: OpenAI's response_format, vLLM's structured_outputs and its older guided_* fields
+    response_format: dict[str, Any] | None = None
+    structured_outputs: dict[str, Any] | None = None
+    guided_json: Any = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    guided_decoding_backend: str | None = None
+    guided_whitespace_pattern: str | None = None
 
 
 # --------------------------------------------------------------------------- completions
@@ -188,7 +197,6 @@ class ChatCompletionRequest(_RequestBase):
     chat_template_kwargs: dict[str, Any] | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: Any = None
-    response_format: dict[str, Any] | None = None
 
 
 class ChatMessage(BaseModel):

@@ -113,3 +113,66 @@ class HermesStream:
             if j < 0:
                 break
         return "".join(content), calls
+
+
+# --------------------------------------------------------------------------- tool_choice "required" / named
+def required_tools_schema(tools: list[dict[str, Any]]) -> dict[str, Any]:
+    """vLLM's schema for ``tool_choice: "required"``: a non-empty JSON array of ``{"name", "parameters"}`` objects,
+    each naming one of ``tools`` with arguments valid under its parameters schema."""
+    alts = []
+    for t in tools:
+        fn = t.get("function") or {}
+        params = fn.get("parameters") or {"type": "object", "properties": {}}
+        alts.append(
+            {
+                "properties": {"name": {"type": "string", "enum": [fn.get("name")]}, "parameters": params},
+                "required": ["name", "parameters"],
+            }
+        )
+    return {"type": "array", "minItems": 1, "items": {"type": "object", "anyOf": alts}}
+
+
+def forced_tool_calls(text: str, name: str | None) -> list[dict[str, Any]] | None:
+    """The calls of a structured output forced by ``tool_choice``: ``name`` set (a named choice): the text is the
+    arguments of one call; None (``required``): the text is vLLM's ``[{"name", "parameters"}, ...]`` array. None
+    when the text is not such JSON (an output cut by max_tokens)."""
+    try:
+        obj = json.loads(text)
+    except ValueError:
+        return None
+    if name is not None:
+        return [_call(name, text)] if isinstance(obj, dict) else None
+    if not isinstance(obj, list) or not all(
+        isinstance(c, dict) and isinstance(c.get("name"), str) for c in obj
+    ):
+        return None
+    return [_call(c["name"], json.dumps(c.get("parameters", {}), ensure_ascii=False)) for c in obj]
+
+
+def _call(name: str, arguments: str) -> dict[str, Any]:
+    return {
+        "id": f"chatcmpl-tool-{uuid.uuid4().hex}",
+        "type": "function",
+        "function": {"name": name, "arguments": arguments},
+    }
+
+
+class ForcedToolStream:
+    """Streaming for a named / ``required`` tool choice: no content; the calls, whole, when the output ends (the
+    same interface as HermesStream)."""
+
+    def __init__(self, name: str | None) -> None:
+        self.name = name
+        self.text = ""
+        self.num_calls = 0
+
+    def feed(self, delta: str) -> tuple[str, list[dict[str, Any]]]:
+        self.text += delta
+        return "", []
+
+    def finish(self) -> tuple[str, list[dict[str, Any]]]:
+        calls = forced_tool_calls(self.text, self.name)
+        if calls is None:
+            return self.text, []
+        self.num_calls += len(calls)
+        return "", calls
