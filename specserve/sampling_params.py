@@ -10,8 +10,8 @@ _GREEDY_EPS = 1e-5
 @dataclass
 class StructuredOutputsParams:
     """vLLM's ``StructuredOutputsParams``: constrain the output to a JSON schema (``json``: a dict or its JSON
-    text), to any JSON object (``json_object=True``) or to one of the strings in ``choice``. Exactly one may be
-    set. ``regex``, ``grammar`` and ``structural_tag`` are vLLM's too and are refused here (not supported)."""
+    text), to any JSON object (``json_object=True``), to a match of ``regex`` or to one of the strings in
+    ``choice``. Exactly one may be set. ``grammar`` and ``structural_tag`` are vLLM's too and are refused here."""
 
     json: str | dict | None = None  # type: ignore[type-arg]
     regex: str | None = None
@@ -28,19 +28,20 @@ class StructuredOutputsParams:
         ]
         if len(kinds) != 1:
             raise ValueError(
-                "structured_outputs must set exactly one of json, choice or json_object"
+                "structured_outputs must set exactly one of json, json_object, regex or choice"
                 + (f"; got {', '.join(kinds)}." if kinds else ".")
             )
-        if kinds[0] in ("regex", "grammar", "structural_tag"):
+        if kinds[0] in ("grammar", "structural_tag"):
             raise ValueError(
-                f"structured_outputs: {kinds[0]} is not supported by specserve (json, json_object and choice are)."
+                f"structured_outputs: {kinds[0]} is not supported by specserve (json, json_object, regex and "
+                "choice are)."
             )
 
     def cache_key(self) -> str:
         import json as _json
 
         # key order kept: a schema's property order is part of its grammar
-        return _json.dumps([self.json, self.choice, bool(self.json_object)])
+        return _json.dumps([self.json, self.choice, self.regex, bool(self.json_object)])
 
 
 @dataclass

@@ -5,6 +5,7 @@ server (response_format, structured_outputs, guided_*, named / required tool_cho
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -40,9 +41,11 @@ BOUNDED = {
         "color": {"enum": ["red", "green", "blue"]},
         "flags": {"type": "array", "items": {"type": ["null", "boolean"]}, "maxItems": 3},
         "n": {"const": 7},
+        "code": {"type": "string", "pattern": "^[A-C]{2}-\\d$"},
     },
-    "required": ["ok", "color"],
+    "required": ["ok", "color", "code"],
 }
+WORDS = r"(yes|no)( [a-c]{1,3}){2}: \d"
 
 
 def accepts(g: Grammar, text: str) -> bool:
@@ -119,7 +122,7 @@ def test_json_object_choice_refs_and_whitespace() -> None:
 @pytest.mark.parametrize(
     "schema, words",
     [
-        ({"type": "string", "pattern": "^a+$"}, "pattern"),
+        ({"type": "string", "pattern": "(a)\\1"}, "groupref is not supported"),
         ({"type": "integer", "minimum": 0}, "minimum"),
         ({"type": "object", "properties": {"x": {"type": "string", "maxLength": 3}}}, "maxLength"),
         ({"$ref": "#/$defs/missing"}, "cannot resolve"),
@@ -153,6 +156,36 @@ def test_masks_equal_a_brute_force_walk(smol_tokenizer: Any) -> None:
         assert mask.tolist() == brute, n
         assert n == len(ids) or mask[ids[n]]
     assert m.mask(m.state_after(ids)).sum() == 1  # a finished document may only stop
+    # a regex over characters, multi-byte ones included
+    g = Grammar.regex(r"[a-zé]+ (\d{2}|ü+)")
+    m = GrammarMatcher(g, vocab, {2})
+    ids = smol_tokenizer.encode("cafés üü", add_special_tokens=False)
+    for n in range(len(ids) + 1):
+        st = m.state_after(ids[:n])
+        brute = [i not in special and bool(b) and bool(g.advance(st, b)) for i, b in enumerate(vocab.tokens)]
+        brute[2] = g.can_end(st)
+        assert m.mask(st).tolist() == brute, n
+
+
+def test_random_walks_never_reach_a_dead_end(smol_tokenizer: Any) -> None:
+    """Whatever allowed tokens a sampler picks, the grammar always offers a way on (or the stop token where the
+    document is whole): e.g. no lead byte of a multi-byte character the pattern cannot finish."""
+    import random
+
+    vocab = TokenVocab.from_tokenizer(smol_tokenizer, VOCAB)
+    rng = random.Random(0)
+    for g in (Grammar.json_schema(BOUNDED), Grammar.regex(WORDS), Grammar.regex(r"[^a-z]\w{2}\s?\d+")):
+        m = GrammarMatcher(g, vocab, {2})
+        for _ in range(12):
+            st = g.initial
+            for _ in range(40):
+                mask = m.mask(st)
+                allowed = [int(i) for i in mask.nonzero()[0] if i != 2]
+                assert allowed or g.can_end(st), st
+                if not allowed:
+                    break
+                st = m.advance(st, rng.choice(allowed))
+                assert st
 
 
 # --------------------------------------------------------------------------- engine
@@ -186,6 +219,13 @@ def test_engine_outputs_are_valid(plain_llm: LLM) -> None:
     )
     seen = {c.text for outs in _texts(plain_llm, choice) for c in outs}
     assert seen <= {"yes", "no", "maybe so"} and len(seen) >= 2
+    # a whole-output regex (Python's re is the oracle)
+    rx = SamplingParams(
+        temperature=1.0, seed=1, n=2, max_tokens=32, structured_outputs=StructuredOutputsParams(regex=WORDS)
+    )
+    for outs in _texts(plain_llm, rx):
+        for c in outs:
+            assert c.finish_reason == "stop" and re.fullmatch(WORDS, c.text), c.text
     # without the constraint the same model writes no JSON
     free = _texts(plain_llm, SamplingParams(temperature=0, max_tokens=16))
     assert not any(c.text.lstrip().startswith("{") for outs in free for c in outs)
@@ -198,11 +238,11 @@ def test_engine_outputs_are_valid(plain_llm: LLM) -> None:
         )
         assert list(json.loads(plain_llm.generate(["a"], sp)[0].outputs[0].text)) == list(props)
     # the engine keeps serving after a bad request; no KV blocks leak
-    with pytest.raises(RequestValidationError, match="pattern"):
+    with pytest.raises(RequestValidationError, match="minimum"):
         plain_llm.generate(
             ["x"],
             SamplingParams(
-                structured_outputs=StructuredOutputsParams(json={"type": "string", "pattern": "a"})
+                structured_outputs=StructuredOutputsParams(json={"type": "integer", "minimum": 0})
             ),
         )
     assert plain_llm.get_metrics()["num_free_blocks"] == plain_llm.get_metrics()["num_gpu_blocks"]
@@ -213,8 +253,8 @@ def test_structured_outputs_params_validation() -> None:
         StructuredOutputsParams(json={}, choice=["a"])
     with pytest.raises(ValueError, match="exactly one"):
         StructuredOutputsParams()
-    with pytest.raises(ValueError, match="regex is not supported"):
-        StructuredOutputsParams(regex="a+")
+    with pytest.raises(ValueError, match="grammar is not supported"):
+        StructuredOutputsParams(grammar="root ::= 'a'")
 
 
 @pytest.mark.parametrize(
@@ -328,6 +368,10 @@ def test_server_response_format_and_vllm_fields(client: openai.OpenAI) -> None:
         extra_body={"structured_outputs": {"choice": ["up", "down"]}},
     )
     assert c.choices[0].text in ("up", "down")
+    c = client.completions.create(
+        model="tiny", prompt="Answer:", max_tokens=16, temperature=0, extra_body={"guided_regex": WORDS}
+    )
+    assert re.fullmatch(WORDS, c.choices[0].text) and c.choices[0].finish_reason == "stop"
     r = _chat(client, max_tokens=24, response_format={"type": "json_object"})
     assert r.choices[0].message.content.lstrip().startswith("{")
 
@@ -341,12 +385,13 @@ def test_server_response_format_and_vllm_fields(client: openai.OpenAI) -> None:
             {
                 "response_format": {
                     "type": "json_schema",
-                    "json_schema": {"name": "x", "schema": {"type": "string", "pattern": "a"}},
+                    "json_schema": {"name": "x", "schema": {"type": "string", "maxLength": 3}},
                 }
             },
-            "pattern",
+            "maxLength",
         ),
-        ({"extra_body": {"guided_regex": "a+"}}, "regex is not supported"),
+        ({"extra_body": {"guided_regex": "(?=a)b"}}, "assert is not supported"),
+        ({"extra_body": {"guided_grammar": "root ::= 'a'"}}, "grammar is not supported"),
         ({"extra_body": {"structured_outputs": {"json": {}, "choice": ["a"]}}}, "exactly one"),
         ({"extra_body": {"structured_outputs": {"jsn": {}}}}, "unknown field"),
         (

@@ -343,6 +343,8 @@ class LLMEngine:
                     g = Grammar.choice(so.choice)
                 elif so.json is not None:
                     g = Grammar.json_schema(so.json)
+                elif so.regex is not None:
+                    g = Grammar.regex(so.regex)
                 else:
                     g = Grammar.json_any()
             except GrammarError as e:

@@ -11,6 +11,9 @@ Frames:
 * ``("L", lit, pos)``: inside the literal ``lit`` (keys, ``true`` / ``false`` / ``null``, enum and const values);
 * ``("S", esc)``: inside a JSON string; esc 0 plain, -1 after a backslash, k > 0 hex digits of a ``\\u`` escape left;
 * ``("N", integer, sub)``: inside a number (the JSON number lexer; ``sub`` in :data:`_NUM_ACCEPT` may end it);
+* ``("R", rid, nfa, pending)``: a whole-output regex (``regex.Regex`` ``rid``; ``nfa`` its state set, ``pending``
+  the bytes of a character not yet complete); ``("P", rid, nfa, pending)``: inside a JSON string with a
+  ``pattern`` (no escapes there);
 * ``("O", sid, phase, idx, ws)`` / ``("A", sid, phase, count, ws)``: inside an object / array.
 
 Whitespace between tokens of the JSON text is allowed up to :data:`MAX_WS` bytes in a row (a model cannot pad
@@ -70,6 +73,7 @@ _SUPPORTED = frozenset(
         "oneOf",
         "allOf",
         "$ref",
+        "pattern",
     )
 )
 
@@ -106,6 +110,7 @@ class Grammar:
 
     def __init__(self) -> None:
         self.kinds: list[tuple[Any, ...]] = []
+        self.regexes: list[Any] = []
         self.initial: State = frozenset()
         self._refs: dict[str, int] = {}
         self._step_cache: dict[tuple[State, int], State] = {}
@@ -148,6 +153,19 @@ class Grammar:
             raise GrammarError("choice must be a non-empty list of non-empty strings.")
         g = cls()
         g.initial = frozenset({(("L", c.encode(), 0),) for c in opts})
+        return g
+
+    @classmethod
+    def regex(cls, pattern: Any) -> Grammar:
+        """The whole output matches ``pattern`` (vLLM's ``guided_regex``)."""
+        from specserve.structured.regex import Regex
+
+        if not isinstance(pattern, str) or not pattern:
+            raise GrammarError("regex must be a non-empty string.")
+        g = cls()
+        rx = Regex(pattern)
+        g.regexes.append(rx)
+        g.initial = frozenset({(("R", 0, rx.initial, b""),)})
         return g
 
     # ------------------------------------------------------------------ JSON schema -> nodes
@@ -240,6 +258,13 @@ class Grammar:
             bad = [k for k in s if k in ("properties", "items")]
             if bad:
                 raise GrammarError(f"{where}: {bad[0]} does not apply to type {t!r}.")
+            if t == "string" and "pattern" in s:
+                from specserve.structured.regex import Regex
+
+                if not isinstance(s["pattern"], str):
+                    raise GrammarError(f"{where}: pattern must be a string.")
+                self.regexes.append(Regex(s["pattern"], search=True))
+                return self._add(("pstring", len(self.regexes) - 1))
             return self._add(
                 ("string",)
                 if t == "string"
@@ -326,14 +351,16 @@ class Grammar:
                 break
         return state
 
-    @staticmethod
-    def can_end(state: State) -> bool:
+    def can_end(self, state: State) -> bool:
         """The text read so far is a whole document (a stop token may come now)."""
         for stack in state:
             if not stack:
                 return True
             if len(stack) == 1 and stack[0][0] == "N" and stack[0][2] in _NUM_ACCEPT:
                 return True
+            if len(stack) == 1 and stack[0][0] == "R" and not stack[0][3]:
+                if self.regexes[stack[0][1]].accepts(stack[0][2]):
+                    return True
         return False
 
     @staticmethod
@@ -373,6 +400,26 @@ class Grammar:
             if nxt is not None:
                 return (rest + (("N", top[1], nxt),),)
             return self._step(rest, b) if top[2] in _NUM_ACCEPT else ()
+        if t == "R" or t == "P":
+            rid, nfa, pending = top[1], top[2], top[3]
+            if t == "P" and not pending:
+                if b == _QUOTE:
+                    return (rest,) if self.regexes[rid].accepts(nfa) else ()
+                if b == _BSLASH or b < 0x20:
+                    return ()
+            from specserve.structured.regex import utf8_step
+
+            got = utf8_step(pending, b)
+            if got is None:
+                return ()
+            pending, ch = got
+            if ch is not None:
+                nfa = self.regexes[rid].step(nfa, ch)
+                if not nfa:
+                    return ()
+            elif not self.regexes[rid].viable(nfa, pending):
+                return ()
+            return (rest + ((t, rid, nfa, pending),),)
         if t == "V":
             if b in _WS:
                 return (rest + (("V", top[1], top[2] + 1),),) if top[2] < MAX_WS else ()
@@ -411,6 +458,8 @@ class Grammar:
             return [rest + (("A", sid, 0, 0, 0),)] if b == 0x5B else []
         if kind == "string":
             return [rest + (("S", 0),)] if b == _QUOTE else []
+        if kind == "pstring":
+            return [rest + (("P", k[1], self.regexes[k[1]].initial, b""),)] if b == _QUOTE else []
         if kind == "number":
             return self._number(rest, k[1], b)
         if kind == "bool":
