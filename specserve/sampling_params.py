@@ -61,6 +61,11 @@ class SamplingParams:
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     structured_outputs: StructuredOutputsParams | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: dict[int, float] | None = None
+    allowed_token_ids: list[int] | None = None
     # filled by the engine (EOS from generation_config / tokenizer); not user-facing
     _all_stop_token_ids: set[int] = field(default_factory=set, repr=False)
 
@@ -109,6 +114,31 @@ class SamplingParams:
         for t in self.stop_token_ids or []:
             if not isinstance(t, int) or t < 0:
                 raise bad("stop_token_ids", f"must contain non-negative integers, got {t!r}.")
+        for name in ("presence_penalty", "frequency_penalty"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, float)) or not -2.0 <= v <= 2.0:
+                raise bad(name, f"must be in [-2, 2], got {v}.")
+        if not isinstance(self.repetition_penalty, (int, float)) or self.repetition_penalty <= 0.0:
+            raise bad("repetition_penalty", f"must be greater than zero, got {self.repetition_penalty}.")
+        if self.logit_bias is not None:
+            for t, b in self.logit_bias.items():
+                if not isinstance(t, int) or isinstance(t, bool) or t < 0 or not isinstance(b, (int, float)):
+                    raise bad("logit_bias", f"must map token ids to numbers, got {t!r}: {b!r}.")
+        if self.allowed_token_ids is not None:
+            ids = self.allowed_token_ids
+            if not ids or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids):
+                raise bad("allowed_token_ids", f"must be a non-empty list of token ids, got {ids!r}.")
+
+    @property
+    def processes_logits(self) -> bool:
+        """Penalties, a logit bias or an allowed-token list: the host sampling path edits this request's logits."""
+        return (
+            self.presence_penalty != 0.0
+            or self.frequency_penalty != 0.0
+            or self.repetition_penalty != 1.0
+            or bool(self.logit_bias)
+            or self.allowed_token_ids is not None
+        )
 
     @property
     def greedy(self) -> bool:

@@ -258,6 +258,16 @@ class LLMEngine:
             raise RequestValidationError(
                 f"Token id out of vocabulary (0..{vocab - 1}) in the prompt.", "prompt"
             )
+        for name, ids in (
+            ("logit_bias", params.logit_bias or ()),
+            ("allowed_token_ids", params.allowed_token_ids or ()),
+        ):
+            bad = sorted(t for t in ids if t >= vocab)
+            if bad:
+                raise RequestValidationError(
+                    f"token_id(s) {bad} in {name} contain out-of-vocab token ids (vocabulary size {vocab}).",
+                    name,
+                )
         mt = params.max_tokens
         if mt is not None and mt > L:
             raise RequestValidationError(

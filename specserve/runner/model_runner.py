@@ -620,7 +620,7 @@ class ModelRunner:
                 return False
             if p.min_tokens and p._all_stop_token_ids and s.req.num_output_tokens < p.min_tokens:
                 return False
-            if s.req.grammar is not None:  # structured outputs: the host masks the logits (_mask_grammar)
+            if s.req.grammar is not None or p.processes_logits:  # the host edits the logits (_process_logits)
                 return False
         return True
 
@@ -710,6 +710,62 @@ class ModelRunner:
                     if s.req.num_output_tokens + j < p.min_tokens:
                         logits[row + j, ids] = float("-inf")
             row += n
+
+    def _process_logits(self, logits: torch.Tensor, items: list) -> None:  # type: ignore[type-arg]
+        """The host path's logits processing, in vLLM's order: the structured-output mask, allowed_token_ids,
+        min_tokens, logit_bias, then the repetition / frequency / presence penalties. Each request's row j (after
+        its first j drafts) is processed as if those drafts were already output, so verification stays exact."""
+        self._mask_grammar(logits, items)
+        row = 0
+        for s in items:
+            p = s.req.params
+            n = 1 + len(s.spec_token_ids)
+            rows = logits[row : row + n]
+            if p.allowed_token_ids is not None:
+                keep = torch.zeros(rows.shape[1], dtype=torch.bool, device=rows.device)
+                keep[torch.tensor(p.allowed_token_ids, device=rows.device)] = True
+                rows.masked_fill_(~keep, float("-inf"))
+            row += n
+        self._mask_min_tokens(logits, items)
+        row = 0
+        for s in items:
+            p = s.req.params
+            n = 1 + len(s.spec_token_ids)
+            rows = logits[row : row + n]
+            if p.logit_bias:
+                ids = torch.tensor(list(p.logit_bias), device=rows.device)
+                rows[:, ids] += torch.tensor(
+                    list(p.logit_bias.values()), dtype=rows.dtype, device=rows.device
+                )
+            if p.presence_penalty or p.frequency_penalty or p.repetition_penalty != 1.0:
+                self._apply_penalties(rows, s, p)
+            row += n
+
+    def _apply_penalties(self, rows: torch.Tensor, s: Any, p: Any) -> None:
+        """vLLM's (and the OpenAI API's) penalties on one request's rows: repetition over prompt + output tokens
+        (logits above 0 divided by it, others multiplied), then ``frequency * count + presence * (count > 0)``
+        subtracted over output tokens; row j counts the first j drafts as output."""
+        n, vocab = rows.shape
+        dev = rows.device
+        out = s.req.output_token_ids
+        counts = torch.zeros((n, vocab), dtype=rows.dtype, device=dev)
+        if out:
+            counts += torch.bincount(torch.tensor(out, device=dev), minlength=vocab)[:vocab].to(rows.dtype)
+        if n > 1:
+            step = torch.zeros((n, vocab), dtype=rows.dtype, device=dev)
+            step[torch.arange(1, n, device=dev), torch.tensor(s.spec_token_ids, device=dev)] = 1
+            counts += step.cumsum(0)
+        seen = counts > 0
+        if p.repetition_penalty != 1.0:
+            prompt = torch.zeros(vocab, dtype=torch.bool, device=dev)
+            prompt[torch.tensor(s.req.prompt_token_ids, device=dev)] = True
+            hit = seen | prompt
+            rp = p.repetition_penalty
+            rows.copy_(torch.where(hit, torch.where(rows > 0, rows / rp, rows * rp), rows))
+        if p.frequency_penalty:
+            rows -= p.frequency_penalty * counts
+        if p.presence_penalty:
+            rows -= p.presence_penalty * seen.to(rows.dtype)
 
     def _mask_grammar(self, logits: torch.Tensor, items: list) -> None:  # type: ignore[type-arg]
         """Structured outputs: forbid the tokens the request's grammar rejects, on each of its rows (row j: after
@@ -952,8 +1008,10 @@ class ModelRunner:
             else:
                 logits = self.model.compute_logits(hidden[rows_t]).float()
             reqs = [items[i].req for i in sampling]
-            self._mask_min_tokens(logits, [items[i] for i in sampling])
-            self._mask_grammar(logits, [items[i] for i in sampling])
+            want_lp = [r.params.logprobs is not None for r in reqs]
+            # logprobs are the raw model's (vLLM's default raw_logprobs), taken before any processing
+            lp_all = compute_logprobs(logits) if any(want_lp) else None
+            self._process_logits(logits, [items[i] for i in sampling])
             gens = [self.generator_for(r) for r in reqs]
             st = SamplingTensors.from_params([r.params for r in reqs], gens, self.device)
             num_draft = [len(items[i].spec_token_ids) for i in sampling]
@@ -977,8 +1035,6 @@ class ModelRunner:
                 )
                 out_l, ne_l = out.tolist(), num_emitted.tolist()
                 per_req = [out_l[j][: ne_l[j]] for j in range(len(sampling))]
-            want_lp = [r.params.logprobs is not None for r in reqs]
-            lp_all = compute_logprobs(logits) if any(want_lp) else None
             row = 0
             for j, i in enumerate(sampling):
                 s = items[i]

@@ -335,20 +335,12 @@ class OpenAIServing:
     ) -> SamplingParams:
         if req.best_of is not None and req.best_of != req.n:
             raise APIError(400, "best_of is not supported; use n.", "best_of")
-        if req.frequency_penalty not in (None, 0, 0.0):
-            raise APIError(
-                400, "frequency_penalty is not supported by specserve (only 0).", "frequency_penalty"
-            )
-        if req.presence_penalty not in (None, 0, 0.0):
-            raise APIError(
-                400, "presence_penalty is not supported by specserve (only 0).", "presence_penalty"
-            )
-        if req.repetition_penalty not in (None, 1, 1.0):
-            raise APIError(
-                400, "repetition_penalty is not supported by specserve (only 1.0).", "repetition_penalty"
-            )
+        logit_bias = None
         if req.logit_bias:
-            raise APIError(400, "logit_bias is not supported by specserve.", "logit_bias")
+            try:  # as vLLM: token ids as strings, biases clamped to [-100, 100]
+                logit_bias = {int(t): min(100.0, max(-100.0, float(b))) for t, b in req.logit_bias.items()}
+            except (TypeError, ValueError):
+                raise APIError(400, "logit_bias must map token ids to numbers.", "logit_bias") from None
         if req.stream_options is not None and not req.stream:
             raise APIError(400, "Stream options can only be defined when `stream=True`.", "stream_options")
         structured = self.structured_outputs(req, forced_schema)
@@ -375,6 +367,11 @@ class OpenAIServing:
                 skip_special_tokens=req.skip_special_tokens,
                 include_stop_str_in_output=req.include_stop_str_in_output,
                 structured_outputs=structured,
+                presence_penalty=req.presence_penalty or 0.0,
+                frequency_penalty=req.frequency_penalty or 0.0,
+                repetition_penalty=req.repetition_penalty if req.repetition_penalty is not None else 1.0,
+                logit_bias=logit_bias,
+                allowed_token_ids=req.allowed_token_ids,
             )
         except (ValueError, TypeError) as e:
             msg = str(e)

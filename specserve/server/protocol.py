@@ -110,6 +110,7 @@ class _RequestBase(BaseModel):
     presence_penalty: float | None = 0.0
     repetition_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
+    allowed_token_ids: list[int] | None = None
     user: str | None = None
     # structured outputs: OpenAI's response_format, vLLM's structured_outputs and its older guided_* fields
     response_format: dict[str, Any] | None = None

@@ -13,5 +13,11 @@ echo "[c3] smollm2 at $(( $(date +%s) - T0 )) s"
 S="{\"method\":\"dflash\",\"model\":\"$DF\",\"num_speculative_tokens\":15}"
 OUTPUT_LEN=256 CONCURRENCY="${CONC:-1 4}" timeout ${BT:-150} bash benchmarks/serve_e2e.sh $G /root/ev/mt_bench_question.jsonl $R/e2e 16 "$S" > $R/e2e.log 2>&1
 grep -h "Output token throughput\|Mean TPOT\|cceptance" $R/e2e/bench-*.txt
+echo "[c3] e2e at $(( $(date +%s) - T0 )) s"
+# structured outputs (JSON schema) on the GPU: float32 constrained greedy with DFlash / EAGLE-3 == plain constrained,
+# valid JSON, tok/s vs free text (session 25's feature; first GPU run)
+timeout ${SOT:-120} python benchmarks/structured_gpu.py --model $G --dflash $DF --eagle3 $E3 --batch 8 --tokens 128 \
+    --out $R/structured_gpu-h200.json > $R/structured_gpu.log 2>&1
+grep -v "^INFO" $R/structured_gpu.log | tail -8
 mkdir -p $OUT && tar -C /root -czf $OUT/r3.tgz r3
 echo "[c3] total $(( $(date +%s) - T0 )) s"

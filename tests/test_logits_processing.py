@@ -1,0 +1,211 @@
+"""vLLM's logits processing: presence / frequency / repetition penalties, logit_bias and allowed_token_ids, against
+transformers as the oracle (its own generate() for the repetition penalty and the bias; a forward loop with the
+OpenAI API's formula for presence / frequency), lossless under speculative decoding, and over HTTP."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import openai
+import pytest
+import torch
+import transformers
+from drafters import make_dflash
+from test_server import ServerThread, tiny_engine
+
+from specserve import LLM, SamplingParams
+
+VOCAB = 49152
+N = 16
+PROMPTS = ["The capital of France is", "1 2 3 4 5 6 7 8 9 10 1 2 3 4", "Hello there, how are you doing"]
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_qwen3_dir: str) -> LLM:
+    return LLM(tiny_qwen3_dir, dtype="float32", device="cpu", max_num_seqs=4)
+
+
+@pytest.fixture(scope="module")
+def hf(tiny_qwen3_dir: str) -> Any:
+    return transformers.AutoModelForCausalLM.from_pretrained(tiny_qwen3_dir, dtype=torch.float32).eval()
+
+
+def _ids(tok: Any) -> list[list[int]]:
+    return [tok(p).input_ids for p in PROMPTS]
+
+
+def _engine(llm: LLM, ids: list[list[int]], **kw: Any) -> list[list[int]]:
+    sp = SamplingParams(temperature=0, max_tokens=N, ignore_eos=True, **kw)
+    return [o.outputs[0].token_ids for o in llm.generate([{"prompt_token_ids": i} for i in ids], sp)]
+
+
+def _reference(hf: Any, ids: list[int], presence: float = 0.0, frequency: float = 0.0) -> list[int]:
+    """Greedy with the OpenAI API's penalties: logit[t] -= frequency * count(t) + presence * (count(t) > 0) over
+    the tokens generated so far."""
+    out: list[int] = []
+    for _ in range(N):
+        with torch.no_grad():
+            logits = hf(torch.tensor([ids + out])).logits[0, -1].float()
+        for t, c in Counter(out).items():
+            logits[t] -= frequency * c + presence
+        out.append(int(logits.argmax()))
+    return out
+
+
+@pytest.mark.parametrize("presence, frequency", [(1.5, 0.0), (0.0, 0.8), (0.5, -0.3)])
+def test_presence_and_frequency_penalties_match_the_formula(
+    llm: LLM, hf: Any, smol_tokenizer: Any, presence: float, frequency: float
+) -> None:
+    ids = _ids(smol_tokenizer)
+    got = _engine(llm, ids, presence_penalty=presence, frequency_penalty=frequency)
+    assert got == [_reference(hf, i, presence, frequency) for i in ids]
+    assert got != _engine(llm, ids)  # the penalties change these outputs
+
+
+@pytest.mark.parametrize("penalty", [1.4, 0.7])
+def test_repetition_penalty_matches_transformers(
+    llm: LLM, hf: Any, smol_tokenizer: Any, penalty: float
+) -> None:
+    ids = _ids(smol_tokenizer)
+    want = []
+    for i in ids:
+        x = torch.tensor([i])
+        with torch.no_grad():
+            y = hf.generate(
+                x,
+                max_new_tokens=N,
+                do_sample=False,
+                repetition_penalty=penalty,
+                eos_token_id=None,
+                pad_token_id=0,
+            )
+        want.append(y[0, x.shape[1] :].tolist())
+    got = _engine(llm, ids, repetition_penalty=penalty)
+    assert got == want and got != _engine(llm, ids)
+
+
+def test_logit_bias_and_allowed_token_ids(llm: LLM, hf: Any, smol_tokenizer: Any) -> None:
+    ids = _ids(smol_tokenizer)
+    plain = _engine(llm, ids)
+    # the bias of transformers' SequenceBiasLogitsProcessor on single tokens is OpenAI's logit_bias
+    bias = {plain[0][0]: -3.0, 1234: 2.5, 777: 1.0}
+    want = []
+    for i in ids:
+        x = torch.tensor([i])
+        with torch.no_grad():
+            y = hf.generate(
+                x,
+                max_new_tokens=N,
+                do_sample=False,
+                sequence_bias={(t,): b for t, b in bias.items()},
+                eos_token_id=None,
+                pad_token_id=0,
+            )
+        want.append(y[0, x.shape[1] :].tolist())
+    got = _engine(llm, ids, logit_bias=bias)
+    assert got == want and got != plain
+    # logprobs stay the model's own (vLLM's raw_logprobs), before the bias that picked the token
+    sp = SamplingParams(temperature=0, max_tokens=1, logprobs=0, logit_bias={4321: 100.0})
+    o = llm.generate([{"prompt_token_ids": ids[0]}], sp)[0].outputs[0]
+    with torch.no_grad():
+        raw = torch.log_softmax(hf(torch.tensor([ids[0]])).logits[0, -1].float(), -1)[4321]
+    assert o.token_ids == [4321] and abs(o.logprobs[0][4321].logprob - float(raw)) < 1e-4
+    allowed = [101, 202, 303, 404, 505]
+    got = _engine(llm, ids, allowed_token_ids=allowed)
+    assert all(set(g) <= set(allowed) for g in got) and len({t for g in got for t in g}) > 1
+    # sampling honours them too
+    sp = SamplingParams(temperature=1.0, seed=0, max_tokens=N, ignore_eos=True, allowed_token_ids=allowed)
+    assert all(set(o.outputs[0].token_ids) <= set(allowed) for o in llm.generate(PROMPTS, sp))
+
+
+def test_bad_values_are_clear_errors(llm: LLM) -> None:
+    for kw, words in (
+        ({"presence_penalty": 2.5}, "presence_penalty must be in"),
+        ({"frequency_penalty": -3.0}, "frequency_penalty must be in"),
+        ({"repetition_penalty": 0.0}, "repetition_penalty must be greater than zero"),
+        ({"allowed_token_ids": []}, "allowed_token_ids"),
+    ):
+        with pytest.raises(ValueError, match=words):
+            SamplingParams(**kw)
+    for kw, words in (
+        ({"logit_bias": {VOCAB + 5: 1.0}}, "logit_bias"),
+        ({"allowed_token_ids": [VOCAB]}, "allowed_token_ids"),
+    ):
+        with pytest.raises(ValueError, match=words):
+            llm.generate(["x"], SamplingParams(**kw))
+    assert llm.get_metrics()["num_free_blocks"] == llm.get_metrics()["num_gpu_blocks"]
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        {"method": "dflash", "num_speculative_tokens": 4},
+        {"method": "draft_model", "num_speculative_tokens": 3},
+    ],
+    ids=["dflash", "draft_model"],
+)
+def test_speculative_decoding_is_lossless_with_penalties(
+    spec: dict[str, Any], llm: LLM, tiny_qwen3_dir: str, smol_tokenizer: Any, tmp_path_factory: Any
+) -> None:
+    """Row j of a verify is penalized as if drafts[:j] were already output, so the accepted tokens equal plain
+    decoding's with the same penalties."""
+    spec = dict(spec)
+    if spec["method"] == "dflash":
+        spec["model"] = make_dflash(tmp_path_factory.mktemp("lp_dflash"), 64, 4, VOCAB, layer_ids=[0, 2])
+    else:
+        spec["model"] = tiny_qwen3_dir  # the target drafts its unpenalized picks: often right, sometimes not
+    kw = {
+        "frequency_penalty": 0.4,
+        "presence_penalty": 0.2,
+        "repetition_penalty": 1.2,
+        "logit_bias": {101: 0.5},
+    }
+    ids = _ids(smol_tokenizer)
+    want = _engine(llm, ids, **kw)
+    spec_llm = LLM(tiny_qwen3_dir, dtype="float32", device="cpu", max_num_seqs=4, speculative_config=spec)
+    assert _engine(spec_llm, ids, **kw) == want
+    m = spec_llm.get_metrics()
+    assert m["spec_decode_num_drafts"] > 0
+    if spec["method"] == "draft_model":
+        assert 0 < m["spec_decode_num_accepted_tokens"] < m["spec_decode_num_draft_tokens"]
+
+
+@pytest.fixture(scope="module")
+def client(tiny_qwen3_dir: str) -> Iterator[openai.OpenAI]:
+    from specserve.server.api_server import build_app
+
+    eng = tiny_engine(tiny_qwen3_dir, num_gpu_blocks=64)
+    with ServerThread(build_app(eng, "tiny")) as srv:
+        yield openai.OpenAI(base_url=f"{srv.url}/v1", api_key="unused", max_retries=0, timeout=120)
+    eng.shutdown()
+
+
+def test_over_http(client: openai.OpenAI, llm: LLM, smol_tokenizer: Any) -> None:
+    ids = _ids(smol_tokenizer)[0]
+    kw = {"frequency_penalty": 0.8, "presence_penalty": 0.3}
+    r = client.completions.create(
+        model="tiny",
+        prompt=ids,
+        max_tokens=N,
+        temperature=0,
+        logit_bias={"1234": 2.5},
+        extra_body={"ignore_eos": True, "repetition_penalty": 1.2},
+        **kw,
+    )
+    want = _engine(llm, [ids], logit_bias={1234: 2.5}, repetition_penalty=1.2, **kw)[0]
+    assert r.choices[0].text == smol_tokenizer.decode(want)
+    r = client.completions.create(
+        model="tiny", prompt=ids, max_tokens=4, temperature=0, extra_body={"allowed_token_ids": [101, 202]}
+    )
+    assert r.choices[0].text == smol_tokenizer.decode(
+        _engine(llm, [ids], allowed_token_ids=[101, 202])[0][:4]
+    )
+    for kw2, words in (
+        ({"presence_penalty": 3}, "presence_penalty"),
+        ({"logit_bias": {"nope": 1}}, "logit_bias"),
+        ({"logit_bias": {str(VOCAB + 1): 1}}, "logit_bias"),
+    ):
+        with pytest.raises(openai.BadRequestError, match=words):
+            client.completions.create(model="tiny", prompt="x", max_tokens=2, **kw2)
