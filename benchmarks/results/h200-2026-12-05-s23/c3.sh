@@ -16,7 +16,7 @@ grep -h "Output token throughput\|Mean TPOT\|cceptance" $R/e2e/bench-*.txt
 echo "[c3] e2e at $(( $(date +%s) - T0 )) s"
 # structured outputs (JSON schema) on the GPU: float32 constrained greedy with DFlash / EAGLE-3 == plain constrained,
 # valid JSON, tok/s vs free text (session 25's feature; first GPU run)
-timeout ${SOT:-120} python benchmarks/structured_gpu.py --model $G --dflash $DF --eagle3 $E3 --batch 8 --tokens 128 \
+timeout ${SOT:-120} python benchmarks/structured_gpu.py --model $G --dflash $DF --eagle3 $E3 --batch 8 --tokens 192 \
     --out $R/structured_gpu-h200.json > $R/structured_gpu.log 2>&1
 grep -v "^INFO" $R/structured_gpu.log | tail -8
 mkdir -p $OUT && tar -C /root -czf $OUT/r3.tgz r3
