@@ -38,4 +38,7 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool
     num_cached_tokens: int = 0
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = (
+        None  # SamplingParams.prompt_logprobs: first None
+    )
     metrics: dict[str, float] = field(default_factory=dict)

@@ -66,6 +66,7 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     logit_bias: dict[int, float] | None = None
     allowed_token_ids: list[int] | None = None
+    prompt_logprobs: int | None = None  # the prompt tokens' logprobs (+ this many top ones) in the output
     # filled by the engine (EOS from generation_config / tokenizer); not user-facing
     _all_stop_token_ids: set[int] = field(default_factory=set, repr=False)
 
@@ -106,6 +107,10 @@ class SamplingParams:
             )
         if self.logprobs is not None and (not isinstance(self.logprobs, int) or not 0 <= self.logprobs <= 20):
             raise bad("logprobs", f"must be an integer in [0, 20], got {self.logprobs}.")
+        if self.prompt_logprobs is not None and (
+            not isinstance(self.prompt_logprobs, int) or not 0 <= self.prompt_logprobs <= 20
+        ):
+            raise bad("prompt_logprobs", f"must be an integer in [0, 20], got {self.prompt_logprobs}.")
         if self.seed is not None and not isinstance(self.seed, int):
             raise bad("seed", f"must be an integer, got {self.seed!r}.")
         for s in self.stop or []:

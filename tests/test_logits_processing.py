@@ -1,6 +1,7 @@
 """vLLM's logits processing: presence / frequency / repetition penalties, logit_bias and allowed_token_ids, against
 transformers as the oracle (its own generate() for the repetition penalty and the bias; a forward loop with the
-OpenAI API's formula for presence / frequency), lossless under speculative decoding, and over HTTP."""
+OpenAI API's formula for presence / frequency), lossless under speculative decoding, and over HTTP; and prompt
+logprobs (``prompt_logprobs``, completions' echo + logprobs) against transformers' log-softmax."""
 
 from __future__ import annotations
 
@@ -209,3 +210,55 @@ def test_over_http(client: openai.OpenAI, llm: LLM, smol_tokenizer: Any) -> None
     ):
         with pytest.raises(openai.BadRequestError, match=words):
             client.completions.create(model="tiny", prompt="x", max_tokens=2, **kw2)
+
+
+def _hf_logprobs(hf: Any, ids: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        return torch.log_softmax(hf(torch.tensor([ids])).logits[0].float(), -1)
+
+
+def test_prompt_logprobs_match_transformers(tiny_qwen3_dir: str, hf: Any, smol_tokenizer: Any) -> None:
+    """Every prompt token's logprob and rank and the top 3, across prefill chunks of 16 tokens and on a prompt
+    whose prefix is cached (a prompt-logprobs request computes its whole prompt, as vLLM)."""
+    ids = smol_tokenizer(" ".join(PROMPTS) + " and then some more words to make it long").input_ids
+    assert len(ids) > 40
+    ref = _hf_logprobs(hf, ids)
+    llm = LLM(tiny_qwen3_dir, dtype="float32", device="cpu", max_num_seqs=4, max_num_batched_tokens=16)
+    sp = SamplingParams(temperature=0, max_tokens=2, prompt_logprobs=3)
+    llm.generate([{"prompt_token_ids": ids}], SamplingParams(max_tokens=1))  # fills the prefix cache
+    for _ in range(2):
+        (out,) = llm.generate([{"prompt_token_ids": ids}], sp)
+        plp = out.prompt_logprobs
+        assert plp is not None and len(plp) == len(ids) and plp[0] is None
+        for p in range(1, len(ids)):
+            d = plp[p]
+            assert d is not None and abs(d[ids[p]].logprob - float(ref[p - 1, ids[p]])) < 1e-4
+            v, row = float(ref[p - 1, ids[p]]), ref[p - 1]
+            assert int((row > v + 1e-4).sum()) + 1 <= d[ids[p]].rank <= int((row > v - 1e-4).sum()) + 1
+            top = sorted(d[t].logprob for t in d if d[t].rank is not None and d[t].rank <= 3)[::-1]
+            assert torch.allclose(torch.tensor(top), row.topk(3).values, atol=1e-4)
+    assert llm.generate([{"prompt_token_ids": ids}], SamplingParams(max_tokens=1))[0].prompt_logprobs is None
+
+
+def test_echo_logprobs_and_prompt_logprobs_over_http(
+    client: openai.OpenAI, hf: Any, smol_tokenizer: Any
+) -> None:
+    """lm-eval's loglikelihood request (echo + logprobs): the echoed prompt's tokens carry their logprobs."""
+    ids = _ids(smol_tokenizer)[2]
+    ref = _hf_logprobs(hf, ids)
+    r = client.completions.create(
+        model="tiny", prompt=ids, max_tokens=1, temperature=0, echo=True, logprobs=1
+    )
+    lp = r.choices[0].logprobs
+    assert len(lp.tokens) == len(ids) + 1 and lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    for p in range(1, len(ids)):
+        assert abs(lp.token_logprobs[p] - float(ref[p - 1, ids[p]])) < 1e-4
+    assert r.choices[0].text.startswith(smol_tokenizer.decode(ids))
+    r = client.completions.create(model="tiny", prompt=ids, max_tokens=1, extra_body={"prompt_logprobs": 0})
+    plp = r.choices[0].model_extra["prompt_logprobs"]
+    assert plp[0] is None and len(plp) == len(ids)
+    assert abs(plp[1][str(ids[1])]["logprob"] - float(ref[0, ids[1]])) < 1e-4
+    with pytest.raises(openai.BadRequestError, match="prompt_logprobs"):
+        client.completions.create(
+            model="tiny", prompt=ids, max_tokens=1, stream=True, extra_body={"prompt_logprobs": 1}
+        )

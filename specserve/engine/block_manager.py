@@ -55,8 +55,8 @@ class BlockManager:
 
     def match_prefix(self, req: Request) -> list[int]:
         """Cached blocks for the longest prefix of req.token_ids, leaving at least one token to compute."""
-        if not self.enable_prefix_caching:
-            return []
+        if not self.enable_prefix_caching or req.params.prompt_logprobs is not None:
+            return []  # as vLLM: a request for prompt logprobs computes its whole prompt
         bs = self.block_size
         max_blocks = (req.num_tokens - 1) // bs
         hits: list[int] = []

@@ -541,6 +541,12 @@ class LLMEngine:
         for s in sched.scheduled:
             req = s.req
             out = result.outputs[req.request_id]
+            if out.prompt_logprobs is not None:
+                first, lps = out.prompt_logprobs
+                if len(req.prompt_logprobs) < req.num_prompt_tokens:
+                    req.prompt_logprobs = [None] * req.num_prompt_tokens
+                for j, lp in enumerate(lps):  # by position: a recomputed chunk writes the same entries again
+                    req.prompt_logprobs[first + j] = self._logprob_dict(req.prompt_token_ids[first + j], lp)
             if not out.new_token_ids:
                 req.num_computed_tokens += s.num_new_tokens
                 self.block_manager.cache_full_blocks(req)
@@ -608,6 +614,11 @@ class LLMEngine:
                 return
 
     def _record_logprob(self, req: Request, tok: int, lp: tuple[float, int, list[int], list[float]]) -> None:
+        req.output_logprobs.append(self._logprob_dict(tok, lp))
+        req.cumulative_logprob += lp[0]
+
+    def _logprob_dict(self, tok: int, lp: tuple[float, int, list[int], list[float]]) -> dict[int, Logprob]:
+        """vLLM's logprobs entry: the token's Logprob (rank among all tokens), then the top ones, ranked 1..N."""
         chosen, rank, top_ids, top_lps = lp
         dec = self._decode
         d: dict[int, Logprob] = {tok: Logprob(chosen, rank, dec([tok], False))}
@@ -617,8 +628,7 @@ class LLMEngine:
         for r, tid in enumerate(top_ids):
             if tid in d and tid != tok:
                 d[tid].rank = r + 1
-        req.output_logprobs.append(d)
-        req.cumulative_logprob += chosen
+        return d
 
     def _detokenize(self, req: Request) -> str | None:
         """Append the text of the newest token(s) to req.output_text (incrementally: two short decodes per token,
@@ -681,6 +691,10 @@ class LLMEngine:
                 )
             )
         first = parent.children[0]
+        plp: list[dict[int, Logprob] | None] | None = None
+        if first.params.prompt_logprobs is not None:  # entry 0 None, as vLLM; the rest as prefill got to them
+            plp = [None] * len(first.prompt_token_ids)
+            plp[1 : len(first.prompt_logprobs)] = first.prompt_logprobs[1:]
         return RequestOutput(
             request_id=parent.request_id,
             prompt=parent.prompt,
@@ -688,6 +702,7 @@ class LLMEngine:
             outputs=comps,
             finished=finished,
             num_cached_tokens=first.num_cached_tokens,
+            prompt_logprobs=plp,
             metrics={
                 "arrival_time": first.arrival_time,
                 "first_token_time": first.first_token_time or 0.0,

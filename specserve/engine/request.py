@@ -54,6 +54,8 @@ class Request:
     stop_reason: int | str | None = None
     first_token_time: float | None = None
     num_preemptions: int = 0
+    # prompt_logprobs: entry p is position p's token's logprobs (entry 0 stays None), filled as prefill runs
+    prompt_logprobs: list[dict[int, Logprob] | None] = field(default_factory=list)
     grammar: Any = None  # structured outputs: a GrammarMatcher (masks the logits of every step it samples)
 
     def __post_init__(self) -> None:

@@ -38,6 +38,8 @@ class RequestStepOutput:
     num_accepted: int = 0
     # per new token: (chosen logprob, chosen rank, top ids, top logprobs)
     logprobs: list[tuple[float, int, list[int], list[float]]] | None = None
+    # prompt_logprobs: (first prompt position p + 1 it covers, one tuple per position as in logprobs)
+    prompt_logprobs: tuple[int, list[tuple[float, int, list[int], list[float]]]] | None = None
 
 
 @dataclass
@@ -711,6 +713,25 @@ class ModelRunner:
                         logits[row + j, ids] = float("-inf")
             row += n
 
+    def _prompt_logprobs(self, items: list, hidden: torch.Tensor, offsets: list[int], outputs: dict) -> None:  # type: ignore[type-arg]
+        """SamplingParams.prompt_logprobs: the logprobs of the prompt tokens this chunk predicts (position p's row
+        gives token p + 1's), the raw model's, with the top ones."""
+        for i, s in enumerate(items):
+            k = s.req.params.prompt_logprobs
+            if k is None:
+                continue
+            last = min(s.start + s.num_new_tokens, s.req.num_prompt_tokens - 1)
+            if last <= s.start:
+                continue
+            rows = torch.arange(offsets[i], offsets[i] + last - s.start, device=self.device)
+            lp = compute_logprobs(self.model.compute_logits(hidden[rows]).float())
+            nxt = torch.tensor(s.req.prompt_token_ids[s.start + 1 : last + 1], device=self.device)
+            chosen, ranks, top_ids, top_lps = gather_logprobs(lp, nxt, k)
+            outputs[s.req.request_id].prompt_logprobs = (
+                s.start + 1,
+                list(zip(chosen.tolist(), ranks.tolist(), top_ids.tolist(), top_lps.tolist())),
+            )
+
     def _process_logits(self, logits: torch.Tensor, items: list) -> None:  # type: ignore[type-arg]
         """The host path's logits processing, in vLLM's order: the structured-output mask, allowed_token_ids,
         min_tokens, logit_bias, then the repetition / frequency / presence penalties. Each request's row j (after
@@ -961,6 +982,8 @@ class ModelRunner:
         for n in q_lens:
             offsets.append(offsets[-1] + n)
         emitted: list[list[int]] = [[] for _ in items]
+        if not uniform_q:
+            self._prompt_logprobs(items, hidden, offsets, outputs)
         if in_graph:
             # fast path: argmax / sampling and acceptance were computed in the graphs; one copy, no other syncs
             # (every item samples on the uniform path). Greedy: drafts past num_draft are padding token 0, which

@@ -151,6 +151,21 @@ _SO_IGNORED = frozenset(
 )
 
 
+def _prompt_logprobs_json(plp: list[dict[int, Logprob] | None] | None) -> list[Any] | None:
+    """vLLM's ``prompt_logprobs`` in a response: per prompt token None (the first) or {token id: Logprob}."""
+    if plp is None:
+        return None
+    return [
+        None
+        if d is None
+        else {
+            str(t): {"logprob": max(lp.logprob, -9999.0), "rank": lp.rank, "decoded_token": lp.decoded_token}
+            for t, lp in d.items()
+        }
+        for d in plp
+    ]
+
+
 def _param_from_message(message: str) -> str | None:
     first = message.split(" ", 1)[0].strip("`'\":,")
     return first if first in _SAMPLING_FIELDS else None
@@ -341,6 +356,8 @@ class OpenAIServing:
                 logit_bias = {int(t): min(100.0, max(-100.0, float(b))) for t, b in req.logit_bias.items()}
             except (TypeError, ValueError):
                 raise APIError(400, "logit_bias must map token ids to numbers.", "logit_bias") from None
+        if req.prompt_logprobs is not None and req.stream:
+            raise APIError(400, "`prompt_logprobs` are not available when `stream=True`.", "prompt_logprobs")
         if req.stream_options is not None and not req.stream:
             raise APIError(400, "Stream options can only be defined when `stream=True`.", "stream_options")
         structured = self.structured_outputs(req, forced_schema)
@@ -372,6 +389,7 @@ class OpenAIServing:
                 repetition_penalty=req.repetition_penalty if req.repetition_penalty is not None else 1.0,
                 logit_bias=logit_bias,
                 allowed_token_ids=req.allowed_token_ids,
+                prompt_logprobs=req.prompt_logprobs,
             )
         except (ValueError, TypeError) as e:
             msg = str(e)
@@ -609,6 +627,24 @@ class OpenAIServing:
             offset += len(token)
         return out
 
+    def prompt_completion_logprobs(
+        self, token_ids: list[int], logprobs: list[dict[int, Logprob] | None]
+    ) -> CompletionLogProbs:
+        """The echoed prompt's part of a completion's logprobs (vLLM's): the first token has none."""
+        out = CompletionLogProbs()
+        offset = 0
+        for tid, step in zip(token_ids, logprobs):
+            chosen = step.get(tid) if step else None
+            token = self._decoded(tid, chosen) if chosen is not None else self.tokenizer.decode([tid])
+            out.tokens.append(token)
+            out.token_logprobs.append(max(chosen.logprob, -9999.0) if chosen is not None else None)
+            out.top_logprobs.append(
+                {self._decoded(t, lp): max(lp.logprob, -9999.0) for t, lp in step.items()} if step else None
+            )
+            out.text_offset.append(offset)
+            offset += len(token)
+        return out
+
     def chat_logprobs(
         self, token_ids: list[int], logprobs: list[dict[int, Logprob]], top_logprobs: int
     ) -> ChatCompletionLogProbs:
@@ -669,6 +705,10 @@ class OpenAIServing:
         model = self.check_model(req.model)
         prompts, texts = self.completion_prompts(req)
         params = self.build_params(req, req.max_tokens, req.logprobs)
+        # echo with logprobs (lm-eval's loglikelihood requests): the echoed prompt carries its tokens' logprobs
+        echo_lp = bool(req.echo) and req.logprobs is not None and not req.stream
+        if echo_lp:
+            params.prompt_logprobs = max(req.logprobs or 0, req.prompt_logprobs or 0)
         request_id = f"cmpl-{random_uuid()}"
         created = now()
         gens = await self.start(prompts, params, request_id)
@@ -692,6 +732,10 @@ class OpenAIServing:
                 lp = None
                 if params.logprobs is not None and o.logprobs is not None:
                     lp = self.completion_logprobs(o.token_ids, o.logprobs, len(echo[pi]))
+                    if echo_lp and final.prompt_logprobs is not None:
+                        head = self.prompt_completion_logprobs(final.prompt_token_ids, final.prompt_logprobs)
+                        for f in ("tokens", "token_logprobs", "top_logprobs", "text_offset"):
+                            setattr(lp, f, getattr(head, f) + getattr(lp, f))
                 choices.append(
                     CompletionResponseChoice(
                         index=pi * params.n + o.index,
@@ -699,6 +743,9 @@ class OpenAIServing:
                         logprobs=lp,
                         finish_reason=o.finish_reason,
                         stop_reason=o.stop_reason,
+                        prompt_logprobs=_prompt_logprobs_json(final.prompt_logprobs)
+                        if req.prompt_logprobs is not None
+                        else None,
                     )
                 )
         usage = UsageInfo(
@@ -909,7 +956,14 @@ class OpenAIServing:
             prompt_tokens=p, completion_tokens=completion_tokens, total_tokens=p + completion_tokens
         )
         resp = ChatCompletionResponse(
-            id=request_id, created=created, model=model, choices=choices, usage=usage
+            id=request_id,
+            created=created,
+            model=model,
+            choices=choices,
+            usage=usage,
+            prompt_logprobs=_prompt_logprobs_json(final.prompt_logprobs)
+            if req.prompt_logprobs is not None
+            else None,
         )
         return JSONResponse(resp.model_dump())
 
