@@ -67,8 +67,10 @@ class SamplingParams:
     logit_bias: dict[int, float] | None = None
     allowed_token_ids: list[int] | None = None
     prompt_logprobs: int | None = None  # the prompt tokens' logprobs (+ this many top ones) in the output
-    # filled by the engine (EOS from generation_config / tokenizer); not user-facing
+    bad_words: list[str] | None = None  # words never generated (vLLM's: with and without a leading space)
+    # filled by the engine (EOS from generation_config / tokenizer; bad_words as token ids); not user-facing
     _all_stop_token_ids: set[int] = field(default_factory=set, repr=False)
+    _bad_words_token_ids: list[list[int]] = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -107,6 +109,8 @@ class SamplingParams:
             )
         if self.logprobs is not None and (not isinstance(self.logprobs, int) or not 0 <= self.logprobs <= 20):
             raise bad("logprobs", f"must be an integer in [0, 20], got {self.logprobs}.")
+        if self.bad_words is not None and not all(isinstance(w, str) and w.strip() for w in self.bad_words):
+            raise bad("bad_words", f"must be a list of non-empty strings, got {self.bad_words!r}.")
         if self.prompt_logprobs is not None and (
             not isinstance(self.prompt_logprobs, int) or not 0 <= self.prompt_logprobs <= 20
         ):
@@ -143,6 +147,7 @@ class SamplingParams:
             or self.repetition_penalty != 1.0
             or bool(self.logit_bias)
             or self.allowed_token_ids is not None
+            or bool(self.bad_words)
         )
 
     @property

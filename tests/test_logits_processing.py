@@ -121,6 +121,45 @@ def test_logit_bias_and_allowed_token_ids(llm: LLM, hf: Any, smol_tokenizer: Any
     assert all(set(o.outputs[0].token_ids) <= set(allowed) for o in llm.generate(PROMPTS, sp))
 
 
+def _two_token_word(llm: LLM, tok: Any, outputs: list[list[int]]) -> tuple[str, list[list[int]]]:
+    """A two-token word of some output that tokenizes back to the same tokens (banning it changes that output),
+    and the token sequences the engine bans for it."""
+    for out in outputs:
+        for i in range(
+            1, len(out) - 1
+        ):  # not the first output token: speculation drafts the word's first token
+            text = tok.decode(out[i : i + 2])
+            banned = llm.engine._bad_words_ids([text])
+            if text.strip() and out[i : i + 2] in banned:
+                return text, banned
+    raise AssertionError("no two-token word in the outputs")
+
+
+def test_bad_words(llm: LLM, smol_tokenizer: Any) -> None:
+    """vLLM's bad_words: a word's token sequence (as written or after a space) never completes in the output."""
+    ids = _ids(smol_tokenizer)
+    plain = _engine(llm, ids)
+    word, banned = _two_token_word(llm, smol_tokenizer, plain)
+    got = _engine(llm, ids, bad_words=[word])
+    assert got != plain
+    for g in got:
+        for b in banned:
+            assert not any(g[i : i + len(b)] == b for i in range(len(g)))
+
+
+def test_bad_words_lossless_when_drafts_spell_them(
+    llm: LLM, tiny_qwen3_dir: str, smol_tokenizer: Any
+) -> None:
+    """The target drafting for itself proposes the banned word whole (its unconstrained continuation); the row
+    after the word's first draft must ban its second token, as plain decoding does."""
+    ids = _ids(smol_tokenizer)
+    word, _ = _two_token_word(llm, smol_tokenizer, _engine(llm, ids))
+    want = _engine(llm, ids, bad_words=[word])
+    spec = {"method": "draft_model", "model": tiny_qwen3_dir, "num_speculative_tokens": 3}
+    spec_llm = LLM(tiny_qwen3_dir, dtype="float32", device="cpu", max_num_seqs=4, speculative_config=spec)
+    assert _engine(spec_llm, ids, bad_words=[word]) == want
+
+
 def test_bad_values_are_clear_errors(llm: LLM) -> None:
     for kw, words in (
         ({"presence_penalty": 2.5}, "presence_penalty must be in"),
@@ -164,6 +203,7 @@ def test_speculative_decoding_is_lossless_with_penalties(
         "logit_bias": {101: 0.5},
     }
     ids = _ids(smol_tokenizer)
+    kw["bad_words"] = [_two_token_word(llm, smol_tokenizer, _engine(llm, ids, **kw))[0]]
     want = _engine(llm, ids, **kw)
     spec_llm = LLM(tiny_qwen3_dir, dtype="float32", device="cpu", max_num_seqs=4, speculative_config=spec)
     assert _engine(spec_llm, ids, **kw) == want

@@ -310,6 +310,7 @@ class LLMEngine:
         params._all_stop_token_ids = set(params.stop_token_ids or [])
         if not params.ignore_eos:
             params._all_stop_token_ids |= self.eos_token_ids
+        params._bad_words_token_ids = self._bad_words_ids(params.bad_words or [])
         grammar = self._grammar(params.structured_outputs) if params.structured_outputs is not None else None
         children = []
         for i in range(params.n):
@@ -338,6 +339,18 @@ class LLMEngine:
             self.requests[req.request_id] = req
             self.scheduler.add(req)
         return rid
+
+    def _bad_words_ids(self, words: list[str]) -> list[list[int]]:
+        """vLLM's bad_words as token sequences: each word as written, and with a leading space where that gives
+        a different first token and as many tokens (the word inside a text)."""
+        out: list[list[int]] = []
+        for w in words:
+            plain = self.tokenizer.encode(w.lstrip(), add_special_tokens=False)
+            out.append(plain)
+            spaced = self.tokenizer.encode(" " + w.lstrip(), add_special_tokens=False)
+            if spaced and spaced[0] != plain[0] and len(spaced) == len(plain):
+                out.append(spaced)
+        return [ids for ids in out if ids]
 
     def _grammar(self, so: Any) -> Any:
         """The compiled grammar of a structured-outputs request (compiled grammars are kept by spec, so their

@@ -746,6 +746,16 @@ class ModelRunner:
                 keep = torch.zeros(rows.shape[1], dtype=torch.bool, device=rows.device)
                 keep[torch.tensor(p.allowed_token_ids, device=rows.device)] = True
                 rows.masked_fill_(~keep, float("-inf"))
+            if p._bad_words_token_ids:
+                hist = s.req.output_token_ids + s.spec_token_ids
+                base = s.req.num_output_tokens
+                for j in range(n):  # row j follows the output and the first j drafts
+                    past = hist[: base + j]
+                    for seq in p._bad_words_token_ids:
+                        if len(seq) == 1 or (
+                            len(past) >= len(seq) - 1 and past[len(past) - len(seq) + 1 :] == seq[:-1]
+                        ):
+                            rows[j, seq[-1]] = float("-inf")
             row += n
         self._mask_min_tokens(logits, items)
         row = 0

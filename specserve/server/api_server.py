@@ -390,6 +390,7 @@ class OpenAIServing:
                 logit_bias=logit_bias,
                 allowed_token_ids=req.allowed_token_ids,
                 prompt_logprobs=req.prompt_logprobs,
+                bad_words=req.bad_words,
             )
         except (ValueError, TypeError) as e:
             msg = str(e)

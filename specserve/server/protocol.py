@@ -111,6 +111,7 @@ class _RequestBase(BaseModel):
     repetition_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
     allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
     prompt_logprobs: int | None = None  # vLLM: the prompt tokens' logprobs in the response (not with stream)
     user: str | None = None
     # structured outputs: OpenAI's response_format, vLLM's structured_outputs and its older guided_* fields
