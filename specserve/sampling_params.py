@@ -19,6 +19,7 @@ class StructuredOutputsParams:
     grammar: str | None = None
     json_object: bool | None = None
     structural_tag: str | None = None
+    disable_any_whitespace: bool = False  # JSON without whitespace between its tokens
 
     def __post_init__(self) -> None:
         kinds = [
@@ -41,7 +42,9 @@ class StructuredOutputsParams:
         import json as _json
 
         # key order kept: a schema's property order is part of its grammar
-        return _json.dumps([self.json, self.choice, self.regex, bool(self.json_object)])
+        return _json.dumps(
+            [self.json, self.choice, self.regex, bool(self.json_object), bool(self.disable_any_whitespace)]
+        )
 
 
 @dataclass

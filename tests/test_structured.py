@@ -113,6 +113,9 @@ def test_json_object_choice_refs_and_whitespace() -> None:
     g = Grammar.json_schema(tree)
     assert accepts(g, '{"v": 1, "kids": [{"v": "x"}, {"v": 1, "kids": [{"v": "y", "kids": []}]}]}')
     assert not accepts(g, '{"v": 2}') and not accepts(g, '{"kids": []}')
+    # disable_any_whitespace: compact JSON only
+    g = Grammar.json_schema(PERSON, max_ws=0)
+    assert accepts(g, '{"name":"a b","age":1}') and not accepts(g, '{"name": "a b", "age": 1}')
     # whitespace between tokens is capped: a model cannot pad forever
     g = Grammar.json_any()
     assert g.advance(g.initial, b"{" + b" " * 32)
@@ -229,6 +232,12 @@ def test_engine_outputs_are_valid(plain_llm: LLM) -> None:
     # without the constraint the same model writes no JSON
     free = _texts(plain_llm, SamplingParams(temperature=0, max_tokens=16))
     assert not any(c.text.lstrip().startswith("{") for outs in free for c in outs)
+    # vLLM's disable_any_whitespace: no whitespace outside strings (BOUNDED has none inside)
+    so = StructuredOutputsParams(json=BOUNDED, disable_any_whitespace=True)
+    for outs in _texts(plain_llm, SamplingParams(temperature=0, max_tokens=60, structured_outputs=so)):
+        text = outs[0].text
+        assert outs[0].finish_reason == "stop" and not any(c in text for c in " \n\t\r"), text
+        jsonschema.validate(json.loads(text), BOUNDED)
     # compiled grammars are shared by requests with the same schema, never by schemas that differ in key order
     xy = {"x": {"type": "boolean"}, "y": {"type": "boolean"}}
     for props in (xy, dict(reversed(xy.items()))):
@@ -352,6 +361,10 @@ def test_server_response_format_and_vllm_fields(client: openai.OpenAI) -> None:
         _chat(client, extra_body={"structured_outputs": {"json": BOUNDED}}).choices[0].message.content == text
     )
     assert _chat(client, extra_body={"guided_json": json.dumps(BOUNDED)}).choices[0].message.content == text
+    compact = _chat(
+        client, extra_body={"structured_outputs": {"json": BOUNDED, "disable_any_whitespace": True}}
+    )
+    assert json.loads(compact.choices[0].message.content) and " " not in compact.choices[0].message.content
     c = client.completions.create(
         model="tiny",
         prompt="Answer:",

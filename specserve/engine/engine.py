@@ -356,6 +356,7 @@ class LLMEngine:
         """The compiled grammar of a structured-outputs request (compiled grammars are kept by spec, so their
         cached masks serve every request with the same schema); a bad spec is a RequestValidationError."""
         from specserve.structured import Grammar, GrammarError, TokenVocab
+        from specserve.structured.grammar import MAX_WS
 
         key = so.cache_key()
         cache = self._grammars
@@ -365,11 +366,11 @@ class LLMEngine:
                 if so.choice is not None:
                     g = Grammar.choice(so.choice)
                 elif so.json is not None:
-                    g = Grammar.json_schema(so.json)
+                    g = Grammar.json_schema(so.json, 0 if so.disable_any_whitespace else MAX_WS)
                 elif so.regex is not None:
                     g = Grammar.regex(so.regex)
                 else:
-                    g = Grammar.json_any()
+                    g = Grammar.json_any(max_ws=0 if so.disable_any_whitespace else MAX_WS)
             except GrammarError as e:
                 raise RequestValidationError(
                     f"Invalid structured outputs request: {e}", "structured_outputs"

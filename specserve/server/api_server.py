@@ -143,7 +143,6 @@ def _error_json(err: APIError) -> str:
 _SO_IGNORED = frozenset(
     (
         "disable_fallback",
-        "disable_any_whitespace",
         "disable_additional_properties",
         "whitespace_pattern",
         "_backend",

@@ -17,7 +17,7 @@ Frames:
 * ``("O", sid, phase, idx, ws)`` / ``("A", sid, phase, count, ws)``: inside an object / array.
 
 Whitespace between tokens of the JSON text is allowed up to :data:`MAX_WS` bytes in a row (a model cannot pad
-forever); properties of a schema object come in the schema's order, optional ones may be left out (xgrammar's
+forever; ``max_ws=0``: vLLM's ``disable_any_whitespace``, compact JSON); properties of a schema object come in the schema's order, optional ones may be left out (xgrammar's
 order, which vLLM uses by default); unknown properties only where ``additionalProperties`` allows them, after the
 declared ones.
 """
@@ -108,7 +108,8 @@ class Grammar:
     """A compiled structured-output grammar (see the module docstring). Build with :meth:`json_schema`,
     :meth:`json_any` or :meth:`choice`."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_ws: int = MAX_WS) -> None:
+        self.max_ws = max_ws
         self.kinds: list[tuple[Any, ...]] = []
         self.regexes: list[Any] = []
         self.initial: State = frozenset()
@@ -124,14 +125,14 @@ class Grammar:
 
     # ------------------------------------------------------------------ constructors
     @classmethod
-    def json_any(cls, object_only: bool = True) -> Grammar:
+    def json_any(cls, object_only: bool = True, max_ws: int = MAX_WS) -> Grammar:
         """Any JSON object (``response_format: {"type": "json_object"}``), or any JSON value."""
-        g = cls()
+        g = cls(max_ws)
         g.initial = frozenset({(("V", g._obj_any if object_only else g._any, 0),)})
         return g
 
     @classmethod
-    def json_schema(cls, schema: Any) -> Grammar:
+    def json_schema(cls, schema: Any, max_ws: int = MAX_WS) -> Grammar:
         """A JSON document valid under ``schema`` (a dict, or its JSON text)."""
         if isinstance(schema, str):
             try:
@@ -140,7 +141,7 @@ class Grammar:
                 raise GrammarError(f"the JSON schema is not valid JSON: {e}") from None
         if not isinstance(schema, (dict, bool)):
             raise GrammarError(f"a JSON schema must be an object, got {type(schema).__name__}.")
-        g = cls()
+        g = cls(max_ws)
         root = g._compile(schema, schema, "#")
         g.initial = frozenset({(("V", root, 0),)})
         return g
@@ -422,7 +423,7 @@ class Grammar:
             return (rest + ((t, rid, nfa, pending),),)
         if t == "V":
             if b in _WS:
-                return (rest + (("V", top[1], top[2] + 1),),) if top[2] < MAX_WS else ()
+                return (rest + (("V", top[1], top[2] + 1),),) if top[2] < self.max_ws else ()
             return self._start(rest, top[1], b)
         if t == "O":
             return self._object(rest, top, b)
@@ -494,7 +495,7 @@ class Grammar:
     def _object(self, rest: Stack, top: tuple[Any, ...], b: int) -> list[Stack]:
         _, sid, phase, idx, ws = top
         if b in _WS:
-            return [rest + (("O", sid, phase, idx, ws + 1),)] if ws < MAX_WS else []
+            return [rest + (("O", sid, phase, idx, ws + 1),)] if ws < self.max_ws else []
         _, props, extra = self.kinds[sid]
         if phase in (0, 3):  # after '{' / after ','
             cand, free, close = self._keys(sid, idx)
@@ -523,7 +524,7 @@ class Grammar:
     def _array(self, rest: Stack, top: tuple[Any, ...], b: int) -> list[Stack]:
         _, sid, phase, count, ws = top
         if b in _WS:
-            return [rest + (("A", sid, phase, count, ws + 1),)] if ws < MAX_WS else []
+            return [rest + (("A", sid, phase, count, ws + 1),)] if ws < self.max_ws else []
         _, items, lo, hi = self.kinds[sid]
         if phase == 0 and b == 0x5D:
             return [rest] if lo == 0 else []
