@@ -25,6 +25,7 @@ declared ones.
 from __future__ import annotations
 
 import json
+from collections import OrderedDict
 from collections.abc import Iterable
 from typing import Any
 
@@ -115,6 +116,8 @@ class Grammar:
         self.initial: State = frozenset()
         self._refs: dict[str, int] = {}
         self._step_cache: dict[tuple[State, int], State] = {}
+        # allowed-token masks per state (GrammarMatcher's; shared by every request compiled to this grammar)
+        self.masks: OrderedDict[State, Any] = OrderedDict()
         self._any = self._add(("any",))
         self._obj_any = self._add(("object", (), self._any))
         self._arr_any = self._add(("array", self._any, 0, None))

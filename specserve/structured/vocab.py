@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import re
-from collections import OrderedDict
 from typing import Any
 
 import numpy as np
@@ -171,10 +170,7 @@ class GrammarMatcher:
         self.vocab = vocab
         self.stop_ids = sorted(i for i in stop_ids if 0 <= i < vocab.size)
         self.states: list[State] = [grammar.initial]
-        masks = getattr(grammar, "_masks", None)
-        if masks is None:
-            masks = grammar._masks = OrderedDict()  # type: ignore[attr-defined]
-        self._masks: OrderedDict[State, np.ndarray] = masks
+        self._masks = grammar.masks
 
     def advance(self, state: State, token: int) -> State:
         if not state or token >= len(self.vocab.tokens) or token in self.stop_ids:
