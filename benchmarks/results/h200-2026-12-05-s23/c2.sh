@@ -6,7 +6,11 @@ export PYTHONPATH=/root/site:$PWD PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=fals
 cat /root/partA .partB/part > /root/smollm2.gguf && md5sum /root/smollm2.gguf
 G=/root/smollm2.gguf; D=/root/data; L=/root/logs
 TR="python -m specserve.train.cli"
-GEN=(--target $G --generate-only --max-new-tokens 384 --max-prompt-length 1024 --generator engine --gen-batch-size 256 --no-progress)
+# 11 generator processes, each with a KV cache for its whole batch (256 x 1408 tokens: 8.3 GB): on a card under
+# 100 GB (an H100) half the batch
+GBS=${GBS:-$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1 | awk '{print ($1 < 100000) ? 128 : 256}')}
+echo "[c2] generator batch $GBS"
+GEN=(--target $G --generate-only --max-new-tokens 384 --max-prompt-length 1024 --generator engine --gen-batch-size $GBS --no-progress)
 $TR dflash "${GEN[@]}" --gen-procs 3 --output /root/g/mix --prompts $D/gsm8k_train.jsonl:1000 $D/mbpp_sanitized.json $D/spec_bench_question.jsonl \
     $D/corpus/tinyshakespeare.txt:800 $D/extra_math_train.jsonl:1500 --self-prompts 600 --gen-temperature 0 --seed 0 > $L/gen-mix.log 2>&1 &
 P1=$!
