@@ -131,6 +131,7 @@ def test_json_object_choice_refs_and_whitespace() -> None:
         ({"$ref": "#/$defs/missing"}, "cannot resolve"),
         ({"type": "frobnicate"}, "unknown type"),
         ({"enum": []}, "non-empty"),
+        ({"type": "object", "required": ["a"], "additionalProperties": True}, "not declared"),
         (False, "accepts nothing"),
         ("{not json", "not valid JSON"),
     ],

@@ -241,9 +241,9 @@ class Grammar:
             if not isinstance(required, list) or not all(isinstance(r, str) for r in required):
                 raise GrammarError(f"{where}: required must be a list of strings.")
             missing = [r for r in required if r not in props]
+            if missing:
+                raise GrammarError(f"{where}: required properties {missing} are not declared in properties.")
             extra_s = s.get("additionalProperties", not props)
-            if missing and extra_s is False:
-                raise GrammarError(f"{where}: required properties {missing} are not in properties.")
             entries = tuple(
                 (self._lit(name), self._compile(sub, doc, f"{where}/properties/{name}"), name in required)
                 for name, sub in props.items()
