@@ -14,7 +14,7 @@ import pytest
 import torch
 import transformers
 from drafters import make_dflash
-from test_server import ServerThread, tiny_engine
+from test_server import tiny_openai_client
 
 from specserve import LLM, SamplingParams
 
@@ -40,6 +40,14 @@ def _ids(tok: Any) -> list[list[int]]:
 def _engine(llm: LLM, ids: list[list[int]], **kw: Any) -> list[list[int]]:
     sp = SamplingParams(temperature=0, max_tokens=N, ignore_eos=True, **kw)
     return [o.outputs[0].token_ids for o in llm.generate([{"prompt_token_ids": i} for i in ids], sp)]
+
+
+def _hf_greedy(hf: Any, ids: list[int], **kw: Any) -> list[int]:
+    """transformers' own greedy generate() with its logits processors (``kw``), N tokens, no EOS."""
+    x = torch.tensor([ids])
+    with torch.no_grad():
+        y = hf.generate(x, max_new_tokens=N, do_sample=False, eos_token_id=None, pad_token_id=0, **kw)
+    return y[0, x.shape[1] :].tolist()
 
 
 def _reference(hf: Any, ids: list[int], presence: float = 0.0, frequency: float = 0.0) -> list[int]:
@@ -70,19 +78,7 @@ def test_repetition_penalty_matches_transformers(
     llm: LLM, hf: Any, smol_tokenizer: Any, penalty: float
 ) -> None:
     ids = _ids(smol_tokenizer)
-    want = []
-    for i in ids:
-        x = torch.tensor([i])
-        with torch.no_grad():
-            y = hf.generate(
-                x,
-                max_new_tokens=N,
-                do_sample=False,
-                repetition_penalty=penalty,
-                eos_token_id=None,
-                pad_token_id=0,
-            )
-        want.append(y[0, x.shape[1] :].tolist())
+    want = [_hf_greedy(hf, i, repetition_penalty=penalty) for i in ids]
     got = _engine(llm, ids, repetition_penalty=penalty)
     assert got == want and got != _engine(llm, ids)
 
@@ -92,19 +88,7 @@ def test_logit_bias_and_allowed_token_ids(llm: LLM, hf: Any, smol_tokenizer: Any
     plain = _engine(llm, ids)
     # the bias of transformers' SequenceBiasLogitsProcessor on single tokens is OpenAI's logit_bias
     bias = {plain[0][0]: -3.0, 1234: 2.5, 777: 1.0}
-    want = []
-    for i in ids:
-        x = torch.tensor([i])
-        with torch.no_grad():
-            y = hf.generate(
-                x,
-                max_new_tokens=N,
-                do_sample=False,
-                sequence_bias={(t,): b for t, b in bias.items()},
-                eos_token_id=None,
-                pad_token_id=0,
-            )
-        want.append(y[0, x.shape[1] :].tolist())
+    want = [_hf_greedy(hf, i, sequence_bias={(t,): b for t, b in bias.items()}) for i in ids]
     got = _engine(llm, ids, logit_bias=bias)
     assert got == want and got != plain
     # logprobs stay the model's own (vLLM's raw_logprobs), before the bias that picked the token
@@ -215,12 +199,7 @@ def test_speculative_decoding_is_lossless_with_penalties(
 
 @pytest.fixture(scope="module")
 def client(tiny_qwen3_dir: str) -> Iterator[openai.OpenAI]:
-    from specserve.server.api_server import build_app
-
-    eng = tiny_engine(tiny_qwen3_dir, num_gpu_blocks=64)
-    with ServerThread(build_app(eng, "tiny")) as srv:
-        yield openai.OpenAI(base_url=f"{srv.url}/v1", api_key="unused", max_retries=0, timeout=120)
-    eng.shutdown()
+    yield from tiny_openai_client(tiny_qwen3_dir)
 
 
 def test_over_http(client: openai.OpenAI, llm: LLM, smol_tokenizer: Any) -> None:

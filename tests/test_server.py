@@ -70,6 +70,16 @@ def tiny_engine(model_dir: str, **kw: Any) -> Any:
     return AsyncLLM(EngineConfig(model=model_dir, device="cpu", dtype="float32", **kw))
 
 
+def tiny_openai_client(model_dir: str) -> Iterator[openai.OpenAI]:
+    """For a module fixture: ``model_dir`` served by a tiny_engine (64 blocks) as "tiny", an ``openai`` client."""
+    from specserve.server.api_server import build_app
+
+    eng = tiny_engine(model_dir, num_gpu_blocks=64)
+    with ServerThread(build_app(eng, "tiny")) as srv:
+        yield openai.OpenAI(base_url=f"{srv.url}/v1", api_key="unused", max_retries=0, timeout=120)
+    eng.shutdown()
+
+
 @pytest.fixture(scope="module")
 def engine(tiny_llama_dir: str) -> Iterator[Any]:
     eng = tiny_engine(tiny_llama_dir)

@@ -13,7 +13,7 @@ import jsonschema
 import openai
 import pytest
 from drafters import make_dflash
-from test_server import ServerThread, tiny_engine
+from test_server import tiny_openai_client
 
 from specserve import LLM, SamplingParams, StructuredOutputsParams
 from specserve.errors import RequestValidationError
@@ -330,12 +330,7 @@ TOOLS = [
 
 @pytest.fixture(scope="module")
 def client(tiny_llama_dir: str) -> Iterator[openai.OpenAI]:
-    from specserve.server.api_server import build_app
-
-    eng = tiny_engine(tiny_llama_dir, num_gpu_blocks=64)
-    with ServerThread(build_app(eng, "tiny")) as srv:
-        yield openai.OpenAI(base_url=f"{srv.url}/v1", api_key="unused", max_retries=0, timeout=120)
-    eng.shutdown()
+    yield from tiny_openai_client(tiny_llama_dir)
 
 
 def _chat(client: openai.OpenAI, stream: bool = False, **kw: Any) -> Any:

@@ -12,6 +12,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 from specserve.config import EngineConfig, ModelConfig
@@ -614,7 +615,7 @@ class ModelRunner:
     def _graph_sampling_ok(items: list) -> bool:  # type: ignore[type-arg]
         """True when the graphs' argmax / random sampling and acceptance are the whole answer: every request is
         greedy or random without a seed (a seeded request's stream must not depend on its batch: host path), no
-        logprobs, and nothing edits logits (min_tokens still masking stop tokens; see _mask_min_tokens). Mixed
+        logprobs, and nothing edits logits (min_tokens still masking stop tokens; see _process_logits). Mixed
         greedy + random batches are eligible."""
         for s in items:
             p = s.req.params
@@ -700,19 +701,6 @@ class ModelRunner:
             req.generator = g
         return req.generator
 
-    def _mask_min_tokens(self, logits: torch.Tensor, items: list) -> None:  # type: ignore[type-arg]
-        """Forbid stop/EOS tokens on rows whose output index is still below min_tokens."""
-        row = 0
-        for s in items:
-            p = s.req.params
-            n = 1 + len(s.spec_token_ids)
-            if p.min_tokens and p._all_stop_token_ids:
-                ids = torch.tensor(sorted(p._all_stop_token_ids), device=self.device)
-                for j in range(n):
-                    if s.req.num_output_tokens + j < p.min_tokens:
-                        logits[row + j, ids] = float("-inf")
-            row += n
-
     def _prompt_logprobs(self, items: list, hidden: torch.Tensor, offsets: list[int], outputs: dict) -> None:  # type: ignore[type-arg]
         """SamplingParams.prompt_logprobs: the logprobs of the prompt tokens this chunk predicts (position p's row
         gives token p + 1's), the raw model's, with the top ones."""
@@ -734,35 +722,30 @@ class ModelRunner:
 
     def _process_logits(self, logits: torch.Tensor, items: list) -> None:  # type: ignore[type-arg]
         """The host path's logits processing, in vLLM's order: the structured-output mask, allowed_token_ids,
-        min_tokens, logit_bias, then the repetition / frequency / presence penalties. Each request's row j (after
-        its first j drafts) is processed as if those drafts were already output, so verification stays exact."""
+        bad_words, min_tokens (stop tokens forbidden below it), logit_bias, then the repetition / frequency /
+        presence penalties. Each request's row j (after its first j drafts) is processed as if those drafts were
+        already output, so verification stays exact."""
         self._mask_grammar(logits, items)
         row = 0
         for s in items:
             p = s.req.params
             n = 1 + len(s.spec_token_ids)
             rows = logits[row : row + n]
+            row += n
             if p.allowed_token_ids is not None:
                 keep = torch.zeros(rows.shape[1], dtype=torch.bool, device=rows.device)
                 keep[torch.tensor(p.allowed_token_ids, device=rows.device)] = True
                 rows.masked_fill_(~keep, float("-inf"))
             if p._bad_words_token_ids:
-                hist = s.req.output_token_ids + s.spec_token_ids
+                past = s.req.output_token_ids + s.spec_token_ids
                 base = s.req.num_output_tokens
                 for j in range(n):  # row j follows the output and the first j drafts
-                    past = hist[: base + j]
                     for seq in p._bad_words_token_ids:
-                        if len(seq) == 1 or (
-                            len(past) >= len(seq) - 1 and past[len(past) - len(seq) + 1 :] == seq[:-1]
-                        ):
+                        if len(seq) == 1 or past[max(0, base + j - len(seq) + 1) : base + j] == seq[:-1]:
                             rows[j, seq[-1]] = float("-inf")
-            row += n
-        self._mask_min_tokens(logits, items)
-        row = 0
-        for s in items:
-            p = s.req.params
-            n = 1 + len(s.spec_token_ids)
-            rows = logits[row : row + n]
+            below = p.min_tokens - s.req.num_output_tokens  # rows [0, below) may not stop
+            if below > 0 and p._all_stop_token_ids:
+                rows[:below, torch.tensor(sorted(p._all_stop_token_ids), device=rows.device)] = float("-inf")
             if p.logit_bias:
                 ids = torch.tensor(list(p.logit_bias), device=rows.device)
                 rows[:, ids] += torch.tensor(
@@ -770,7 +753,6 @@ class ModelRunner:
                 )
             if p.presence_penalty or p.frequency_penalty or p.repetition_penalty != 1.0:
                 self._apply_penalties(rows, s, p)
-            row += n
 
     def _apply_penalties(self, rows: torch.Tensor, s: Any, p: Any) -> None:
         """vLLM's (and the OpenAI API's) penalties on one request's rows: repetition over prompt + output tokens
@@ -813,8 +795,6 @@ class ModelRunner:
             row += n
         if not rows:
             return
-        import numpy as np
-
         allowed = torch.from_numpy(np.concatenate(masks)).to(self.device, non_blocking=True)
         width = min(allowed.shape[1], logits.shape[1])
         idx = torch.tensor(rows, device=self.device)

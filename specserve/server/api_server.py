@@ -611,28 +611,11 @@ class OpenAIServing:
 
     # ------------------------------------------------------------------ logprobs
     def completion_logprobs(
-        self, token_ids: list[int], logprobs: list[dict[int, Logprob]], text_offset: int
+        self, token_ids: list[int], logprobs: Sequence[dict[int, Logprob] | None], text_offset: int
     ) -> CompletionLogProbs:
+        """A completion's logprobs; a None step (an echoed prompt's first token) has none, as in vLLM."""
         out = CompletionLogProbs()
         offset = text_offset
-        for tid, step in zip(token_ids, logprobs):
-            chosen = step.get(tid)
-            token = self._decoded(tid, chosen) if chosen is not None else self.tokenizer.decode([tid])
-            out.tokens.append(token)
-            out.token_logprobs.append(max(chosen.logprob, -9999.0) if chosen is not None else None)
-            out.top_logprobs.append(
-                {self._decoded(t, lp): max(lp.logprob, -9999.0) for t, lp in step.items()}
-            )
-            out.text_offset.append(offset)
-            offset += len(token)
-        return out
-
-    def prompt_completion_logprobs(
-        self, token_ids: list[int], logprobs: list[dict[int, Logprob] | None]
-    ) -> CompletionLogProbs:
-        """The echoed prompt's part of a completion's logprobs (vLLM's): the first token has none."""
-        out = CompletionLogProbs()
-        offset = 0
         for tid, step in zip(token_ids, logprobs):
             chosen = step.get(tid) if step else None
             token = self._decoded(tid, chosen) if chosen is not None else self.tokenizer.decode([tid])
@@ -733,7 +716,7 @@ class OpenAIServing:
                 if params.logprobs is not None and o.logprobs is not None:
                     lp = self.completion_logprobs(o.token_ids, o.logprobs, len(echo[pi]))
                     if echo_lp and final.prompt_logprobs is not None:
-                        head = self.prompt_completion_logprobs(final.prompt_token_ids, final.prompt_logprobs)
+                        head = self.completion_logprobs(final.prompt_token_ids, final.prompt_logprobs, 0)
                         for f in ("tokens", "token_logprobs", "top_logprobs", "text_offset"):
                             setattr(lp, f, getattr(head, f) + getattr(lp, f))
                 choices.append(

@@ -34,11 +34,7 @@ def _parse_call(body: str) -> dict[str, Any] | None:
     args = obj.get("arguments", obj.get("parameters", {}))
     if not isinstance(args, str):
         args = json.dumps(args, ensure_ascii=False)
-    return {
-        "id": f"chatcmpl-tool-{uuid.uuid4().hex}",
-        "type": "function",
-        "function": {"name": obj["name"], "arguments": args},
-    }
+    return _call(obj["name"], args)
 
 
 def _held_suffix(text: str, tag: str) -> int:
