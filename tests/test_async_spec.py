@@ -154,6 +154,18 @@ def test_identical_to_sync_eagle3(often_qwen3_dir, tmp_path):
     assert len({na for nd, na in obs_want if nd == 4}) >= 2
 
 
+def test_identical_to_sync_draft_model(often_qwen3_dir, tiny_qwen3_dir):
+    """vLLM's draft_model on the fused step pipelines too (it reads no target features): a draft model that
+    agrees with the target only at times, and the target drafting for itself (every draft accepted)."""
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (70, 41, 55)]
+    for drafter, k in ((tiny_qwen3_dir, 3), (often_qwen3_dir, 5)):
+        sync = _llm(often_qwen3_dir, drafter, k, False, method="draft_model")
+        asy = _llm(often_qwen3_dir, drafter, k, True, method="draft_model")
+        obs = _same_as_sync(sync, asy, PROMPTS, params)
+        if drafter == often_qwen3_dir:
+            assert all(nd == na for nd, na in obs) and (k, k) in obs
+
+
 def test_stops_and_different_lengths(often_qwen3_dir, dflash_dir):
     """A stop token id and a stop string hit mid-stream (picked from a free run) while the next step is in
     flight, next to a request that runs to its max_tokens."""

@@ -112,6 +112,8 @@ def _record(llm: LLM) -> list:
 
 def _caches(llm: LLM) -> list[torch.Tensor]:
     p = llm.engine.runner.proposer
+    if p.method == "draft_model":
+        return [t for kv in p.model.kv_caches for t in kv]
     return [t for kv in (p.caches if hasattr(p, "caches") else [p.cache]) for t in kv]
 
 
@@ -208,6 +210,57 @@ def test_fused_eagle3_step_equals_host_drafter_and_ragged(
         assert 0 in accepted and len(accepted) >= 2, accepted
 
 
+@pytest.mark.parametrize("k", [2, 5])
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("pair", ["random", "self", "often"])
+def test_fused_draft_model_step_equals_host_drafter_and_ragged(
+    pair, batch, k, tiny_qwen3_dir, tiny2_qwen3_dir, often_qwen3_dir
+):
+    """vLLM's draft_model on the fused step (one causal pass over the committed rows + the bonus token, then K-1
+    one-token steps, all on the device after the verify graph): step for step what the host-side proposer
+    does, the same draft-model KV cache, and the ragged path's tokens; a model drafting for itself accepts
+    every draft."""
+    target, drafter = {
+        "random": (tiny_qwen3_dir, tiny2_qwen3_dir),
+        "self": (often_qwen3_dir, often_qwen3_dir),
+        "often": (often_qwen3_dir, tiny_qwen3_dir),
+    }[pair]
+    spec = {"method": "draft_model", "model": drafter, "num_speculative_tokens": k}
+    sps = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in MAX_TOKENS[:batch]]
+    _, log, toks = _lockstep(target, spec, PROMPTS[:batch], sps)
+    assert toks == _generate(_llm(target, spec, padded=False), PROMPTS[:batch], sps)
+    if pair == "self":
+        res = [r for e in log if e[3] for r in e[1].values()]
+        assert res and all(r[2] == r[1] for r in res)
+        assert any(r[1] == k for r in res)
+
+
+def test_fused_draft_model_near_the_ends(often_qwen3_dir, tiny_qwen3_dir, smol_tokenizer, monkeypatch):
+    """The draft model's fused steps next to max_model_len, its own context cap and the step's token budget,
+    with padding drafts that "match" (n_match capped at num_draft for the committed rows and the bonus)."""
+    sps = [
+        SamplingParams(temperature=0, max_tokens=None, ignore_eos=True),
+        SamplingParams(temperature=0, max_tokens=11, ignore_eos=True),
+        SamplingParams(temperature=0, max_tokens=30, ignore_eos=True),
+    ]
+    spec = {
+        "method": "draft_model",
+        "model": often_qwen3_dir,
+        "num_speculative_tokens": 4,
+        "max_model_len": 36,
+    }
+    _, log, toks = _lockstep(often_qwen3_dir, spec, PROMPTS, sps, max_model_len=48)
+    assert toks == _generate(_llm(often_qwen3_dir, spec, padded=False, max_model_len=48), PROMPTS, sps)
+    assert len(toks[0]) == 48 - len(smol_tokenizer(PROMPTS[0]).input_ids)
+    _, shortened, no_draft = _accepted(log, 4)
+    assert shortened > 0 and no_draft > 0
+    monkeypatch.setattr("specserve.runner.model_runner.greedy_verify", _padding_always_matches)
+    spec = {"method": "draft_model", "model": tiny_qwen3_dir, "num_speculative_tokens": 4}
+    kw = {"max_model_len": 48, "max_num_batched_tokens": 12}
+    sps = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (28, 9, 17)]
+    _lockstep(often_qwen3_dir, spec, PROMPTS, sps, **kw)
+
+
 def test_fused_eagle3_near_the_ends(often_qwen3_dir, eagle3_dir, smol_tokenizer, monkeypatch):
     """EAGLE-3 fused steps next to max_model_len, the drafter's context cap and the step's token budget, with
     padding drafts that "match" (n_match past num_draft must be capped for the first pass and the bonus)."""
@@ -288,7 +341,11 @@ def test_fused_step_only_for_padded_drafters(tiny_qwen3_dir, dflash_dir, eagle3_
     def eagle(k: int, **extra) -> dict:  # type: ignore[no-untyped-def]
         return {"method": "eagle3", "model": eagle3_dir, "num_speculative_tokens": k, **extra}
 
-    for spec in (_dflash(dflash_dir, 4), eagle(3)):
+    for spec in (
+        _dflash(dflash_dir, 4),
+        eagle(3),
+        {"method": "draft_model", "model": tiny_qwen3_dir, "num_speculative_tokens": 3},
+    ):
         assert _llm(tiny_qwen3_dir, spec).engine.runner.use_fused_step
     for spec, padded in (
         (_dflash(dflash_dir, 4), False),
@@ -298,6 +355,16 @@ def test_fused_step_only_for_padded_drafters(tiny_qwen3_dir, dflash_dir, eagle3_
         (eagle(3, enforce_eager=True), True),
         (eagle(3, disable_padded_drafter_batch=True), True),
         (eagle(1), True),  # one draft: no autoregressive steps, no drafter graphs
+        ({"method": "draft_model", "model": tiny_qwen3_dir, "num_speculative_tokens": 3}, False),
+        (
+            {
+                "method": "draft_model",
+                "model": tiny_qwen3_dir,
+                "num_speculative_tokens": 3,
+                "enforce_eager": True,
+            },
+            True,
+        ),
         ({"method": "ngram", "num_speculative_tokens": 3}, True),
         (None, True),
     ):

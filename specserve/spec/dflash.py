@@ -153,6 +153,7 @@ class DFlashProposer(Proposer):
         def fn(b: int) -> torch.Tensor:
             assert self._fused_in is not None
             feats, packed = self._fused_in
+            assert feats is not None
             v = buf.views(b)
             # ctx_slots: the verify slots of rows 0..n_acc (the input token, the accepted drafts); the query block
             # [bonus, MASK x K] at first .. first+K (first: the bonus token's position), only for real requests

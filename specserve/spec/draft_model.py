@@ -119,6 +119,85 @@ class DraftModelProposer(Proposer):
             "draft model steps", fn, batch_buckets(runner.config.max_num_seqs), runner.device, capture
         )
 
+    # ------------------------------------------------------------------ fused step (greedy uniform path)
+    def setup_fused_step(self, target: Any, buf: Any) -> bool:
+        """The drafter half of a device-resident greedy speculative step (the contract of
+        ``DFlashProposer.setup_fused_step``), as its own bucketed graph replayed right after the target's q = K+1
+        verify graph on its packed output [b, q+1]; returns packed + drafts [b, q+1+K] (drafts -1 where no draft
+        is made). On the device it does what ``propose`` does for such a step: one causal pass over K+2 rows per
+        request from the verify's first position, rows 0..n_acc the committed tokens (the input token, the
+        accepted drafts) and row n_acc+1 the bonus token, whose logits give the first draft; then K-1 one-token
+        steps from the bonus position. Rows past the bonus run too (static shapes) but write no K/V, and causal
+        attention keeps them out of the earlier rows' results; the bonus row writes its K/V only when the request
+        drafts (as ``propose``). Off without the padded drafter graphs (K = 1 has none) or with the spec config's
+        enforce_eager; the target's features are not used (a draft model reads only tokens).
+        """
+        from specserve.layers.attention import AttnMetadata
+
+        runner, K = self.runner, self.num_speculative_tokens
+        capture = self._fused_step_mode(buf, "draft model")
+        if capture is None:
+            return False
+        q, r, bs, mb, dev = K + 1, K + 2, runner.block_size, buf.max_blocks, runner.device
+        cols = torch.arange(r, device=dev)
+        steps = torch.arange(1, K, device=dev)
+        qsl = torch.arange(runner.config.max_num_seqs + 1, dtype=torch.int32, device=dev) * r
+        max_seq = runner.max_model_len + 2 * r
+
+        def fn(b: int) -> torch.Tensor:
+            assert self._fused_in is not None
+            _, packed = self._fused_in
+            v = buf.views(b)
+            num_draft = v.aux[:, 0].long().clamp(0, K)
+            budget = v.aux[:, 1].long()  # max_drafts = max(0, budget - n_acc)
+            n_acc = torch.minimum(packed[:, q].clamp(0, K), num_draft)
+            bonus = packed.gather(1, n_acc[:, None])
+            first = v.pos.view(b, q)[:, 0]
+            real = v.seq > 0
+            # positions first .. first+K+1; the bonus at first+n_acc+1, the K-1 steps after it
+            pos = first[:, None] + cols[None, :]
+            blk = pos // bs
+            bid = v.bt.gather(1, blk.clamp(0, mb - 1)).long()
+            ok = (bid >= 0) & (blk < mb)
+            bonus_pos = first + n_acc + 1
+            spos = bonus_pos[:, None] + steps[None, :]  # [b, K-1]
+            sblk = spos // bs
+            sbid = v.bt.gather(1, sblk.clamp(0, mb - 1)).long()
+            covered = ((sbid >= 0) & (sblk < mb)).all(1) & ok.gather(1, (n_acc + 1)[:, None])[:, 0]
+            active = real & covered & (budget > n_acc)
+            # 1) the committed rows + the bonus row
+            ids = torch.cat([v.ids.view(b, q), bonus], 1)
+            toks = torch.where(cols[None, :] <= n_acc[:, None], ids, bonus).reshape(-1)
+            write = (cols[None, :] <= n_acc[:, None]) | (
+                (cols[None, :] == (n_acc + 1)[:, None]) & active[:, None]
+            )
+            slots = torch.where(write & ok & real[:, None], bid * bs + pos % bs, -1).view(-1)
+            seq = torch.where(real, first + r, 0).to(torch.int32)
+            meta = AttnMetadata(qsl[: b + 1], seq, v.bt, slots, max_query_len=r, max_seq_len=max_seq)
+            hidden, _ = self.model(toks, torch.where(real[:, None], pos, 0).view(-1), meta)
+            sel = torch.arange(b, device=dev) * r + n_acc + 1
+            tok = argmax_last(self.model.compute_logits(hidden[sel]))
+            # 2) steps 1..K-1 at bonus + 1 .. bonus + K - 1 for the requests that draft
+            sslots = torch.where(active[:, None], sbid * bs + spos % bs, -1)
+            outs = [tok]
+            for j in range(K - 1):
+                p = torch.where(active, spos[:, j], 0)
+                m = AttnMetadata(
+                    qsl[: b + 1] // r,
+                    ((p + 1) * active).to(torch.int32),
+                    v.bt,
+                    sslots[:, j],
+                    max_query_len=1,
+                    max_seq_len=max_seq,
+                )
+                hidden, _ = self.model(tok, p, m)
+                tok = argmax_last(self.model.compute_logits(hidden))
+                outs.append(tok)
+            drafts = torch.stack(outs, 1)
+            return torch.cat([packed, torch.where(active[:, None], drafts, -1)], 1)
+
+        return self._capture_fused_step("draft model fused step", fn, target, buf, bs, capture)
+
     def propose(self, inputs: list[DraftInput], features: torch.Tensor | None) -> list[list[int]]:
         runner, dev = self.runner, self.runner.device
         # 1) one causal pass over each request's committed rows of this step (+ its bonus token when it drafts)

@@ -29,7 +29,7 @@ class Proposer:
     graphs: Any = None  # the drafter's own bucketed graphs, if any
     fused: Any = None  # the fused step's bucketed graphs (_capture_fused_step), if any
     _fused_target: Any = None
-    _fused_in: tuple[torch.Tensor, torch.Tensor] | None = (
+    _fused_in: tuple[torch.Tensor | None, torch.Tensor] | None = (
         None  # the verify graph's (features, packed), during a run
     )
 
@@ -66,7 +66,7 @@ class Proposer:
         step calls ``propose``)."""
         return False
 
-    def run_fused_step(self, features: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
+    def run_fused_step(self, features: torch.Tensor | None, packed: torch.Tensor) -> torch.Tensor:
         """The drafter half of a fused step, right after the target's verify graph (no host sync between)."""
         fused = self.fused
         if fused is None:
