@@ -273,6 +273,22 @@ def test_echo_logprobs_and_prompt_logprobs_over_http(
     for p in range(1, len(ids)):
         assert abs(lp.token_logprobs[p] - float(ref[p - 1, ids[p]])) < 1e-4
     assert r.choices[0].text.startswith(smol_tokenizer.decode(ids))
+    # streamed (as vLLM): the first chunk leads with the echoed prompt, its tokens and their logprobs
+    chunks = list(
+        client.completions.create(
+            model="tiny", prompt=ids, max_tokens=3, temperature=0, echo=True, logprobs=1, stream=True
+        )
+    )
+    first = chunks[0].choices[0]
+    assert first.text.startswith(smol_tokenizer.decode(ids))
+    assert len(first.logprobs.tokens) == len(ids) + 1 and first.logprobs.token_logprobs[0] is None
+    for p in range(1, len(ids)):
+        assert abs(first.logprobs.token_logprobs[p] - float(ref[p - 1, ids[p]])) < 1e-4
+    assert first.logprobs.token_logprobs[-1] == pytest.approx(lp.token_logprobs[-1], abs=1e-5)
+    later = [c.choices[0].logprobs for c in chunks[1:]]
+    assert (
+        sum(len(x.tokens or []) for x in later if x is not None) == 2
+    )  # the other two tokens, no prompt again
     r = client.completions.create(model="tiny", prompt=ids, max_tokens=1, extra_body={"prompt_logprobs": 0})
     plp = r.choices[0].model_extra["prompt_logprobs"]
     assert plp[0] is None and len(plp) == len(ids)

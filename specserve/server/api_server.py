@@ -614,19 +614,26 @@ class OpenAIServing:
         self, token_ids: list[int], logprobs: Sequence[dict[int, Logprob] | None], text_offset: int
     ) -> CompletionLogProbs:
         """A completion's logprobs; a None step (an echoed prompt's first token) has none, as in vLLM."""
-        out = CompletionLogProbs()
+        # built as lists and passed in: a stream chunk is dumped with exclude_unset, which drops fields only
+        # mutated in place
+        tokens: list[str] = []
+        token_logprobs: list[float | None] = []
+        top_logprobs: list[dict[str, float] | None] = []
+        text_offsets: list[int] = []
         offset = text_offset
         for tid, step in zip(token_ids, logprobs):
             chosen = step.get(tid) if step else None
             token = self._decoded(tid, chosen) if chosen is not None else self.tokenizer.decode([tid])
-            out.tokens.append(token)
-            out.token_logprobs.append(max(chosen.logprob, -9999.0) if chosen is not None else None)
-            out.top_logprobs.append(
+            tokens.append(token)
+            token_logprobs.append(max(chosen.logprob, -9999.0) if chosen is not None else None)
+            top_logprobs.append(
                 {self._decoded(t, lp): max(lp.logprob, -9999.0) for t, lp in step.items()} if step else None
             )
-            out.text_offset.append(offset)
+            text_offsets.append(offset)
             offset += len(token)
-        return out
+        return CompletionLogProbs(
+            text_offset=text_offsets, token_logprobs=token_logprobs, tokens=tokens, top_logprobs=top_logprobs
+        )
 
     def chat_logprobs(
         self, token_ids: list[int], logprobs: list[dict[int, Logprob]], top_logprobs: int
@@ -689,7 +696,7 @@ class OpenAIServing:
         prompts, texts = self.completion_prompts(req)
         params = self.build_params(req, req.max_tokens, req.logprobs)
         # echo with logprobs (lm-eval's loglikelihood requests): the echoed prompt carries its tokens' logprobs
-        echo_lp = bool(req.echo) and req.logprobs is not None and not req.stream
+        echo_lp = bool(req.echo) and req.logprobs is not None
         if echo_lp:
             params.prompt_logprobs = max(req.logprobs or 0, req.prompt_logprobs or 0)
         request_id = f"cmpl-{random_uuid()}"
@@ -777,6 +784,11 @@ class OpenAIServing:
                     if not sent_echo[pi][i]:
                         delta = echo[pi] + delta
                         sent_echo[pi][i] = True
+                        if lp is not None and req.echo and out.prompt_logprobs is not None:
+                            # as vLLM: the echoed prompt's tokens and logprobs lead the first chunk
+                            head = self.completion_logprobs(out.prompt_token_ids, out.prompt_logprobs, 0)
+                            for f in ("tokens", "token_logprobs", "top_logprobs", "text_offset"):
+                                setattr(lp, f, getattr(head, f) + getattr(lp, f))
                     prev_text[pi][i] = len(o.text)
                     prev_toks[pi][i] = len(o.token_ids)
                     finished = o.finish_reason is not None
