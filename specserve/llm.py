@@ -38,6 +38,7 @@ class LLM:
         async_scheduling: bool | None = None,
         async_spec: bool | None = None,
         load_format: str = "auto",
+        max_logprobs: int = 20,
         **kwargs: Any,
     ) -> None:
         if kwargs:
@@ -65,6 +66,7 @@ class LLM:
             async_scheduling=async_scheduling,
             async_spec=async_spec,
             load_format=load_format,
+            max_logprobs=max_logprobs,
         )
         self.engine = LLMEngine(self.config)
 

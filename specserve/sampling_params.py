@@ -110,14 +110,15 @@ class SamplingParams:
                 "min_tokens",
                 f"must be less than or equal to max_tokens={self.max_tokens}, got {self.min_tokens}.",
             )
-        if self.logprobs is not None and (not isinstance(self.logprobs, int) or not 0 <= self.logprobs <= 20):
-            raise bad("logprobs", f"must be an integer in [0, 20], got {self.logprobs}.")
+        # the upper bound is the engine's max_logprobs (EngineConfig, --max-logprobs; vLLM's default 20)
+        if self.logprobs is not None and (not isinstance(self.logprobs, int) or self.logprobs < 0):
+            raise bad("logprobs", f"must be a non-negative integer, got {self.logprobs}.")
         if self.bad_words is not None and not all(isinstance(w, str) and w.strip() for w in self.bad_words):
             raise bad("bad_words", f"must be a list of non-empty strings, got {self.bad_words!r}.")
         if self.prompt_logprobs is not None and (
-            not isinstance(self.prompt_logprobs, int) or not 0 <= self.prompt_logprobs <= 20
+            not isinstance(self.prompt_logprobs, int) or self.prompt_logprobs < 0
         ):
-            raise bad("prompt_logprobs", f"must be an integer in [0, 20], got {self.prompt_logprobs}.")
+            raise bad("prompt_logprobs", f"must be a non-negative integer, got {self.prompt_logprobs}.")
         if self.seed is not None and not isinstance(self.seed, int):
             raise bad("seed", f"must be an integer, got {self.seed!r}.")
         for s in self.stop or []:

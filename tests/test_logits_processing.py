@@ -297,3 +297,23 @@ def test_echo_logprobs_and_prompt_logprobs_over_http(
         client.completions.create(
             model="tiny", prompt=ids, max_tokens=1, stream=True, extra_body={"prompt_logprobs": 1}
         )
+
+
+def test_max_logprobs_bounds_requests(tiny_qwen3_dir: str) -> None:
+    """EngineConfig.max_logprobs (vLLM's --max-logprobs, default 20) bounds logprobs and prompt_logprobs; -1: the
+    whole vocabulary, and a request may then ask for more than 20."""
+    from specserve.errors import RequestValidationError
+
+    llm = LLM(tiny_qwen3_dir, dtype="float32", device="cpu", max_num_seqs=2, max_logprobs=2)
+    for kw in ({"logprobs": 3}, {"prompt_logprobs": 3}):
+        with pytest.raises(RequestValidationError, match="greater than max allowed: 2"):
+            llm.generate(["a b"], SamplingParams(max_tokens=1, **kw))
+    (out,) = llm.generate(["a b"], SamplingParams(max_tokens=1, logprobs=2))
+    assert out.outputs[0].logprobs is not None
+    llm = LLM(tiny_qwen3_dir, dtype="float32", device="cpu", max_num_seqs=2)
+    with pytest.raises(RequestValidationError, match="greater than max allowed: 20"):
+        llm.generate(["a b"], SamplingParams(max_tokens=1, logprobs=21))
+    llm = LLM(tiny_qwen3_dir, dtype="float32", device="cpu", max_num_seqs=2, max_logprobs=-1)
+    (out,) = llm.generate(["a b"], SamplingParams(max_tokens=1, logprobs=30, prompt_logprobs=25))
+    assert out.outputs[0].logprobs is not None and len(out.outputs[0].logprobs[0]) >= 30
+    assert out.prompt_logprobs is not None and len(out.prompt_logprobs[1]) >= 25

@@ -268,6 +268,13 @@ class LLMEngine:
                     f"token_id(s) {bad} in {name} contain out-of-vocab token ids (vocabulary size {vocab}).",
                     name,
                 )
+        cap = self.config.max_logprobs if self.config.max_logprobs >= 0 else vocab
+        for name, n in (("logprobs", params.logprobs), ("prompt_logprobs", params.prompt_logprobs)):
+            if n is not None and n > cap:
+                raise RequestValidationError(
+                    f"Requested {name} of {n}, which is greater than max allowed: {cap} (--max-logprobs).",
+                    name,
+                )
         mt = params.max_tokens
         if mt is not None and mt > L:
             raise RequestValidationError(

@@ -248,6 +248,10 @@ class OpenAIServing:
         chat_template: str | None = None,
         tool_parser: str | None = None,
         reasoning_parser: str | None = None,
+        *,
+        response_role: str = "assistant",
+        max_logprobs: int = 20,
+        generation_overrides: dict[str, Any] | None = None,
     ) -> None:
         self.engine = engine
         self.served_model_names = served_model_names
@@ -257,6 +261,9 @@ class OpenAIServing:
         self.tool_parser = tool_parser
         # --reasoning-parser NAME: <think>...</think> split into reasoning_content (reasoning_parsers.py)
         self.reasoning_parser = reasoning_parser
+        self.response_role = response_role  # --response-role
+        self.max_logprobs = max_logprobs  # --max-logprobs (-1: up to the vocabulary size)
+        self.generation_overrides = dict(generation_overrides or {})  # --override-generation-config
         self._background: set[asyncio.Task[Any]] = set()
 
     # ------------------------------------------------------------------ helpers
@@ -272,7 +279,21 @@ class OpenAIServing:
         return model
 
     def _defaults(self) -> dict[str, Any]:
-        return dict(getattr(self.engine, "default_sampling_overrides", None) or {})
+        """Request defaults: the generation config's, then --override-generation-config's."""
+        return {
+            **(getattr(self.engine, "default_sampling_overrides", None) or {}),
+            **self.generation_overrides,
+        }
+
+    def check_logprobs(self, name: str, value: int | None) -> None:
+        """--max-logprobs: a request may ask for at most that many (log)probs per token."""
+        cap = self.max_logprobs if self.max_logprobs >= 0 else len(self.tokenizer)
+        if value is not None and not 0 <= value <= cap:
+            raise APIError(400, f"{name} must be an integer in [0, {cap}], got {value}.", name)
+
+    def chat_role(self, req: ChatCompletionRequest) -> str:
+        """As vLLM: --response-role after a generation prompt, else the continued last message's role."""
+        return self.response_role if req.add_generation_prompt else str(req.messages[-1].get("role"))
 
     @staticmethod
     def structured_outputs(
@@ -359,6 +380,10 @@ class OpenAIServing:
             raise APIError(400, "`prompt_logprobs` are not available when `stream=True`.", "prompt_logprobs")
         if req.stream_options is not None and not req.stream:
             raise APIError(400, "Stream options can only be defined when `stream=True`.", "stream_options")
+        self.check_logprobs(
+            "top_logprobs" if isinstance(req, ChatCompletionRequest) else "logprobs", logprobs
+        )
+        self.check_logprobs("prompt_logprobs", req.prompt_logprobs)
         structured = self.structured_outputs(req, forced_schema)
         d = self._defaults()
 
@@ -385,7 +410,7 @@ class OpenAIServing:
                 structured_outputs=structured,
                 presence_penalty=req.presence_penalty or 0.0,
                 frequency_penalty=req.frequency_penalty or 0.0,
-                repetition_penalty=req.repetition_penalty if req.repetition_penalty is not None else 1.0,
+                repetition_penalty=pick("repetition_penalty", 1.0),
                 logit_bias=logit_bias,
                 allowed_token_ids=req.allowed_token_ids,
                 prompt_logprobs=req.prompt_logprobs,
@@ -839,10 +864,6 @@ class OpenAIServing:
         model = self.check_model(req.model)
         if req.top_logprobs is not None and not req.logprobs:
             raise APIError(400, "when using `top_logprobs`, `logprobs` must be set to true.", "top_logprobs")
-        if req.top_logprobs is not None and not 0 <= req.top_logprobs <= 20:
-            raise APIError(
-                400, f"top_logprobs must be an integer in [0, 20], got {req.top_logprobs}.", "top_logprobs"
-            )
         # a named or "required" tool choice: the output is constrained to the call's JSON (as vLLM)
         forced_schema: dict[str, Any] | None = None
         forced_name: str | None = None
@@ -916,16 +937,17 @@ class OpenAIServing:
         final = finals[0]
         choices = []
         completion_tokens = 0
+        role = self.chat_role(req)
         for o in final.outputs:
             completion_tokens += len(o.token_ids)
             lp = None
             if top_n is not None and o.logprobs is not None:
                 lp = self.chat_logprobs(o.token_ids, o.logprobs, top_n)
-            message = ChatMessage(role="assistant", content=o.text)
+            message = ChatMessage(role=role, content=o.text)
             finish_reason = o.finish_reason
             if self.reasoning_parser is not None:
                 reasoning, content = extract_reasoning(o.text, self.reasoning_parser)
-                message = ChatMessage(role="assistant", content=content, reasoning_content=reasoning)
+                message = ChatMessage(role=role, content=content, reasoning_content=reasoning)
             if parse_tools:
                 content, calls = extract_tool_calls(message.content or "")
                 message.content, message.tool_calls = content, calls
@@ -1006,7 +1028,7 @@ class OpenAIServing:
                             choices=[
                                 ChatCompletionResponseStreamChoice(
                                     index=i,
-                                    delta=DeltaMessage(role="assistant", content=""),
+                                    delta=DeltaMessage(role=self.chat_role(req), content=""),
                                     logprobs=None,
                                     finish_reason=None,
                                 )
@@ -1141,6 +1163,14 @@ def build_app(
     chat_template: str | None = None,
     tool_parser: str | None = None,
     reasoning_parser: str | None = None,
+    *,
+    response_role: str = "assistant",
+    max_logprobs: int = 20,
+    generation_overrides: dict[str, Any] | None = None,
+    allowed_origins: Sequence[str] = ("*",),
+    allowed_methods: Sequence[str] = ("*",),
+    allowed_headers: Sequence[str] = ("*",),
+    allow_credentials: bool = False,
 ) -> FastAPI:
     """The FastAPI app over ``engine`` (an ``AsyncLLM`` or anything with its interface); ``tool_parser`` (one of
     ``tool_parsers.TOOL_PARSERS``) parses tool calls out of chat outputs when a request gives tools;
@@ -1160,7 +1190,17 @@ def build_app(
         raise ValueError(
             f"unknown reasoning parser {reasoning_parser!r}; choose from {', '.join(REASONING_PARSERS)}"
         )
-    serving = OpenAIServing(engine, names, metrics, chat_template, tool_parser, reasoning_parser)
+    serving = OpenAIServing(
+        engine,
+        names,
+        metrics,
+        chat_template,
+        tool_parser,
+        reasoning_parser,
+        response_role=response_role,
+        max_logprobs=max_logprobs,
+        generation_overrides=generation_overrides,
+    )
 
     app = FastAPI(title="specserve", version=__version__)
     app.state.engine = engine
@@ -1170,7 +1210,13 @@ def build_app(
     if keys:
         app.add_middleware(APIKeyMiddleware, api_keys=keys)
     # outermost, as in vLLM: browsers' preflight requests never reach the key check
-    app.add_middleware(CORSMiddleware, allow_origins=["*"], allow_methods=["*"], allow_headers=["*"])
+    app.add_middleware(
+        CORSMiddleware,
+        allow_origins=list(allowed_origins),
+        allow_methods=list(allowed_methods),
+        allow_headers=list(allowed_headers),
+        allow_credentials=allow_credentials,
+    )
 
     @app.exception_handler(APIError)
     async def _api_error(_: Request, exc: APIError) -> JSONResponse:
@@ -1310,6 +1356,13 @@ def serve_main(argv: list[str]) -> int:
             chat_template=chat_template,
             tool_parser=tool_parser,
             reasoning_parser=args.reasoning_parser,
+            response_role=args.response_role,
+            max_logprobs=args.max_logprobs,
+            generation_overrides=args.override_generation_config,
+            allowed_origins=args.allowed_origins,
+            allowed_methods=args.allowed_methods,
+            allowed_headers=args.allowed_headers,
+            allow_credentials=args.allow_credentials,
         )
         host = args.host if args.host is not None else "0.0.0.0"
         logger.info("Starting specserve API server on http://%s:%d (model %s)", host, args.port, names[0])
@@ -1321,6 +1374,9 @@ def serve_main(argv: list[str]) -> int:
                 log_level=args.uvicorn_log_level,
                 access_log=not args.disable_uvicorn_access_log,
                 timeout_keep_alive=5,
+                root_path=args.root_path or "",  # --root-path: the prefix a proxy strips
+                ssl_keyfile=args.ssl_keyfile,
+                ssl_certfile=args.ssl_certfile,
             )
         )
         try:

@@ -73,6 +73,48 @@ def parse_speculative_config(value: str) -> dict[str, Any]:
     return data
 
 
+def _json_list(value: str) -> list[str]:
+    """``--allowed-origins`` / ``--allowed-methods`` / ``--allowed-headers``: a JSON list of strings."""
+    try:
+        data = json.loads(value)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"invalid JSON {value!r}: {e.msg} (at char {e.pos})") from None
+    if not isinstance(data, list) or not all(isinstance(x, str) for x in data):
+        raise argparse.ArgumentTypeError(f"expected a JSON list of strings, got {value!r}")
+    return data
+
+
+# generation_config keys vLLM takes request defaults from (max_new_tokens is the request's max_tokens)
+_GENERATION_KEYS = {
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "top_k": "top_k",
+    "min_p": "min_p",
+    "repetition_penalty": "repetition_penalty",
+    "max_new_tokens": "max_tokens",
+    "max_tokens": "max_tokens",
+}
+
+
+def parse_generation_overrides(value: str) -> dict[str, Any]:
+    """``--override-generation-config`` JSON -> request defaults (SamplingParams names), checked as a request's."""
+    from specserve.sampling_params import SamplingParams
+
+    data = parse_speculative_config(value)
+    ignored = sorted(k for k in data if k not in _GENERATION_KEYS)
+    if ignored:
+        logger.warning("--override-generation-config: %s ignored (no request default)", ", ".join(ignored))
+    out = {_GENERATION_KEYS[k]: v for k, v in data.items() if k in _GENERATION_KEYS}
+    bad = [k for k, v in data.items() if k in _GENERATION_KEYS and (isinstance(v, bool) or v is None)]
+    if bad:
+        raise argparse.ArgumentTypeError(f"{bad[0]} must be a number, got {data[bad[0]]!r}")
+    try:
+        SamplingParams(**out)
+    except (ValueError, TypeError) as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return out
+
+
 def _positive_int(value: str) -> int:
     try:
         n = int(value)
@@ -144,6 +186,30 @@ def make_arg_parser() -> OneLineArgumentParser:
         help="Split the model's <think> block into reasoning_content: qwen3, deepseek_r1.",
     )
     g.add_argument(
+        "--response-role", default="assistant", help="Role of chat completion replies (default: assistant)."
+    )
+    g.add_argument(
+        "--max-logprobs",
+        type=int,
+        default=20,
+        help="Most logprobs / top_logprobs / prompt_logprobs a request may ask for (default: 20; -1: the vocabulary).",
+    )
+    g.add_argument(
+        "--allowed-origins", type=_json_list, default=["*"], help='CORS origins, JSON (default: ["*"]).'
+    )
+    g.add_argument(
+        "--allowed-methods", type=_json_list, default=["*"], help='CORS methods, JSON (default: ["*"]).'
+    )
+    g.add_argument(
+        "--allowed-headers", type=_json_list, default=["*"], help='CORS headers, JSON (default: ["*"]).'
+    )
+    g.add_argument("--allow-credentials", action="store_true", help="CORS: allow credentials.")
+    g.add_argument(
+        "--root-path", default=None, help="ASGI root_path when served behind a path-prefixing proxy."
+    )
+    g.add_argument("--ssl-keyfile", default=None, help="TLS private key file (HTTPS).")
+    g.add_argument("--ssl-certfile", default=None, help="TLS certificate file (HTTPS).")
+    g.add_argument(
         "--uvicorn-log-level",
         default="info",
         choices=["critical", "error", "warning", "info", "debug", "trace"],
@@ -153,6 +219,7 @@ def make_arg_parser() -> OneLineArgumentParser:
         "--disable-log-requests", action="store_true", help=argparse.SUPPRESS
     )  # vLLM compat, no-op
     g.add_argument("--enable-log-requests", action="store_true", help=argparse.SUPPRESS)  # vLLM compat, no-op
+    g.add_argument("--disable-frontend-multiprocessing", action="store_true", help=argparse.SUPPRESS)  # no-op
 
     e = p.add_argument_group("engine")
     e.add_argument("--tokenizer", default=None, help="Tokenizer path/id (default: the model's).")
@@ -225,8 +292,32 @@ def make_arg_parser() -> OneLineArgumentParser:
         default="auto",
         help="'auto' (use the model's generation_config.json as request defaults), 'vllm', or a folder.",
     )
+    e.add_argument(
+        "--override-generation-config",
+        type=parse_generation_overrides,
+        default=None,
+        help="JSON merged over the generation-config request defaults, e.g. '{\"temperature\": 0.5}'.",
+    )
+    e.add_argument(
+        "--enable-chunked-prefill",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="Always on: prefill is chunked under --max-num-batched-tokens.",
+    )
+    e.add_argument(
+        "--kv-cache-dtype",
+        default="auto",
+        choices=["auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2"],
+        help="auto only: the KV cache has the model's dtype.",
+    )
+    e.add_argument("--quantization", "-q", default=None, help="gguf or unset (GGUF files are detected).")
     e.add_argument("--disable-log-stats", action="store_true", help="Turn off the periodic stats log.")
     e.add_argument("--tensor-parallel-size", "-tp", type=int, default=1, help=argparse.SUPPRESS)
+    e.add_argument("--pipeline-parallel-size", "-pp", type=int, default=1, help=argparse.SUPPRESS)
+    # vLLM compat, no-ops: CPU swap space, CUDA-graph capture length, multi-GPU all-reduce
+    e.add_argument("--swap-space", type=float, default=None, help=argparse.SUPPRESS)
+    e.add_argument("--max-seq-len-to-capture", type=int, default=None, help=argparse.SUPPRESS)
+    e.add_argument("--disable-custom-all-reduce", action="store_true", help=argparse.SUPPRESS)
 
     s = p.add_argument_group("speculative decoding")
     s.add_argument(
@@ -300,10 +391,30 @@ def parse_serve_args(argv: list[str]) -> argparse.Namespace:
         if args.model_tag is not None and args.model_tag != args.model_flag:
             parser.error(f"two models given: {args.model_tag!r} (positional) and --model {args.model_flag!r}")
         args.model_tag = args.model_flag
-    if args.tensor_parallel_size != 1:
+    for flag, size in (
+        ("--tensor-parallel-size", args.tensor_parallel_size),
+        ("--pipeline-parallel-size", args.pipeline_parallel_size),
+    ):
+        if size != 1:
+            parser.error(f"{flag} {size}: specserve runs on one device (use 1)")
+    if args.kv_cache_dtype != "auto":
         parser.error(
-            f"--tensor-parallel-size {args.tensor_parallel_size}: specserve runs on one device (use 1)"
+            f"--kv-cache-dtype {args.kv_cache_dtype}: the KV cache has the model's dtype (only 'auto' is supported)"
         )
+    if args.quantization is not None and args.quantization.lower() != "gguf":
+        parser.error(
+            f"--quantization {args.quantization}: specserve loads bf16/fp16/fp32 checkpoints and GGUF files "
+            "(use gguf or leave it unset)"
+        )
+    if args.enable_chunked_prefill is False:
+        logger.warning("--no-enable-chunked-prefill has no effect: specserve always chunks prefill.")
+    if args.max_logprobs < -1:
+        parser.error(f"argument --max-logprobs: must be -1 (no cap) or at least 0, got {args.max_logprobs}")
+    if args.ssl_keyfile is not None and args.ssl_certfile is None:
+        parser.error("--ssl-keyfile needs --ssl-certfile")
+    for flag, path in (("--ssl-keyfile", args.ssl_keyfile), ("--ssl-certfile", args.ssl_certfile)):
+        if path is not None and not os.path.isfile(path):
+            parser.error(f"argument {flag}: no such file {path!r}")
     if args.speculative_config is not None:
         try:
             SpeculativeConfig.from_any(args.speculative_config)
@@ -335,6 +446,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         "trust_remote_code": args.trust_remote_code,
         "generation_config": args.generation_config,
         "disable_log_stats": args.disable_log_stats,
+        "max_logprobs": args.max_logprobs,
     }
     optional = {
         "max_num_seqs": args.max_num_seqs,
