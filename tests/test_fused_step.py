@@ -325,15 +325,21 @@ def test_n_match_past_the_real_drafts_is_capped(often_qwen3_dir, dflash_dir, mon
     assert shortened > 0 and no_draft > 0
 
 
-def test_mixed_batches_keep_the_host_path(often_qwen3_dir, dflash_dir):
+@pytest.mark.parametrize("method", ["dflash", "draft_model"])
+def test_mixed_batches_keep_the_host_path(method, often_qwen3_dir, tiny_qwen3_dir, dflash_dir):
     """A sampled request or one asking for logprobs keeps the host path while it runs; the greedy ones fuse
     again once it is done; outputs and drafter caches stay those of the fused-off engine."""
     greedy = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+    spec = (
+        _dflash(dflash_dir, 4)
+        if method == "dflash"
+        else {"method": "draft_model", "model": tiny_qwen3_dir, "num_speculative_tokens": 4}
+    )
     for special in (
         SamplingParams(temperature=0.8, seed=3, max_tokens=6, ignore_eos=True),
         SamplingParams(temperature=0, max_tokens=5, logprobs=1, ignore_eos=True),
     ):
-        fused, log, _ = _lockstep(often_qwen3_dir, _dflash(dflash_dir, 4), PROMPTS, [greedy, special, greedy])
+        fused, log, _ = _lockstep(often_qwen3_dir, spec, PROMPTS, [greedy, special, greedy])
         assert any(e[4] is False and "1" in e[0] and len(e[0]) == 3 for e in log)
 
 

@@ -200,7 +200,7 @@ def dflash_dir(tmp_path_factory) -> str:
     return make_dflash(tmp_path_factory.mktemp("gs_dflash"), 64, 4, VOCAB, layer_ids=[0, 2])
 
 
-def _spec(method: str, dflash_dir: str):  # type: ignore[no-untyped-def]
+def _spec(method: str, dflash_dir: str, draft_model: str = ""):  # type: ignore[no-untyped-def]
     return {
         "plain": None,
         "ngram": {
@@ -210,6 +210,7 @@ def _spec(method: str, dflash_dir: str):  # type: ignore[no-untyped-def]
             "prompt_lookup_max": 3,
         },
         "dflash": {"method": "dflash", "model": dflash_dir, "num_speculative_tokens": 3},
+        "draft_model": {"method": "draft_model", "model": draft_model, "num_speculative_tokens": 3},
     }[method]
 
 
@@ -246,9 +247,9 @@ def _check_spec_metrics(llm: LLM) -> None:
     assert m["num_free_blocks"] == m["num_gpu_blocks"]
 
 
-@pytest.mark.parametrize("method", ["plain", "ngram", "dflash"])
+@pytest.mark.parametrize("method", ["plain", "ngram", "dflash", "draft_model"])
 def test_engine_samples_in_the_graphs(method, often_qwen3_dir, dflash_dir):
-    spec = _spec(method, dflash_dir)
+    spec = _spec(method, dflash_dir, often_qwen3_dir)  # draft_model: the target drafting for itself
     max_tokens = [14, 9, 12]
     greedy = [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True) for m in max_tokens]
     mixed = [SamplingParams(temperature=0.8, max_tokens=m, ignore_eos=True) for m in max_tokens[:2]] + greedy[
@@ -273,7 +274,7 @@ def test_engine_samples_in_the_graphs(method, often_qwen3_dir, dflash_dir):
     if spec is not None:
         m = llm.get_metrics()
         assert m["spec_decode_num_drafts"] > 0 and m["spec_decode_num_accepted_tokens"] > 0
-    if method == "dflash":
+    if method in ("dflash", "draft_model"):
         assert runner.use_fused_step and runner.num_fused_steps > 0
         assert runner.num_fused_steps <= runner.num_fast_steps
 
