@@ -53,6 +53,8 @@ from specserve.server.protocol import (
     ErrorResponse,
     ModelCard,
     ModelList,
+    ResponsesRequest,
+    ResponsesResponse,
     TokenizeRequest,
     TokenizeResponse,
     UsageInfo,
@@ -60,6 +62,13 @@ from specserve.server.protocol import (
     random_uuid,
 )
 from specserve.server.reasoning_parsers import REASONING_PARSERS, ReasoningStream, extract_reasoning
+from specserve.server.responses import (
+    ResponseEvents,
+    chat_request,
+    finished_response,
+    new_response,
+    renamed_params,
+)
 from specserve.server.tool_parsers import (
     TOOL_PARSERS,
     ForcedToolStream,
@@ -188,6 +197,17 @@ def _to_api_error(exc: BaseException) -> APIError:
     except ImportError:  # pragma: no cover - jinja2 ships with transformers
         pass
     return APIError(500, f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
+
+
+def _renamed_error(exc: BaseException, names: dict[str, str]) -> APIError:
+    """An error of the chat path under another API's parameter names (``names``: chat name -> that API's)."""
+    err = _to_api_error(exc)
+    message = err.message
+    for old, new in names.items():
+        if old != "messages":  # "messages[i]" indices count the instructions' message too: left as they are
+            message = message.replace(old, new)
+    param = names.get(err.param, err.param) if err.param is not None else None
+    return APIError(err.status, message, param, err.err_type)
 
 
 class APIKeyMiddleware:
@@ -859,6 +879,26 @@ class OpenAIServing:
         return UsageInfo(prompt_tokens=p, completion_tokens=c, total_tokens=p + c)
 
     # ------------------------------------------------------------------ /v1/chat/completions
+    def chat_inputs(
+        self, req: ChatCompletionRequest, forced_schema: dict[str, Any] | None = None
+    ) -> tuple[list[int], SamplingParams]:
+        """A chat request's prompt token ids (its messages through the chat template) and sampling parameters;
+        /v1/chat/completions and /v1/responses (as a chat request) both come through here."""
+        text = self.render_chat(
+            req.messages,
+            add_generation_prompt=req.add_generation_prompt,
+            continue_final_message=req.continue_final_message,
+            chat_template=req.chat_template,
+            chat_template_kwargs=req.chat_template_kwargs,
+            tools=req.tools,
+        )
+        prompt_ids = self.encode(text, req.add_special_tokens)
+        max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+        if max_tokens is None:
+            max_tokens = self._defaults().get("max_tokens")
+        top_n = (req.top_logprobs or 0) if req.logprobs else None
+        return prompt_ids, self.build_params(req, max_tokens, top_n, forced_schema)
+
     async def create_chat_completion(self, req: ChatCompletionRequest, raw_request: Request) -> Response:
         timer = self.metrics.timer()
         model = self.check_model(req.model)
@@ -898,20 +938,8 @@ class OpenAIServing:
             )
         forced = (forced_name, tc == "required") if forced_schema is not None else None
         parse_tools = bool(req.tools) and self.tool_parser is not None and tc in (None, "auto")
-        text = self.render_chat(
-            req.messages,
-            add_generation_prompt=req.add_generation_prompt,
-            continue_final_message=req.continue_final_message,
-            chat_template=req.chat_template,
-            chat_template_kwargs=req.chat_template_kwargs,
-            tools=req.tools,
-        )
-        prompt_ids = self.encode(text, req.add_special_tokens)
-        max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-        if max_tokens is None:
-            max_tokens = self._defaults().get("max_tokens")
-        top_n = (req.top_logprobs or 0) if req.logprobs else None
-        params = self.build_params(req, max_tokens, top_n, forced_schema)
+        prompt_ids, params = self.chat_inputs(req, forced_schema)
+        top_n = params.logprobs
         request_id = f"chatcmpl-{random_uuid()}"
         created = now()
         gens = await self.start([prompt_ids], params, request_id)
@@ -1119,6 +1147,58 @@ class OpenAIServing:
         finally:
             self.cleanup(gens)
 
+    # ------------------------------------------------------------------ /v1/responses
+    async def create_response(self, req: ResponsesRequest, raw_request: Request) -> Response:
+        """OpenAI's Responses API, text only (``responses.py``): the request as a chat request, through the chat
+        path's rendering, parameters and engine plumbing; the output as a Response object or its events."""
+        timer = self.metrics.timer()
+        model = self.check_model(req.model)
+        chat_req = chat_request(req, int(self.engine.max_model_len))
+        response_id = f"resp_{random_uuid()}"
+        try:
+            prompt_ids, params = self.chat_inputs(chat_req)
+            gens = await self.start([prompt_ids], params, response_id)
+        except (APIError, EngineValidationError) as e:
+            raise _renamed_error(e, renamed_params(req)) from None
+        resp = new_response(req, response_id, model, params)
+        message_id = f"msg_{random_uuid()}"
+        if req.stream:
+            return StreamingResponse(
+                self.responses_stream(resp, message_id, gens, timer), media_type="text/event-stream"
+            )
+        finals = await self.collect(gens, raw_request, timer)
+        if finals is None:
+            return Response(status_code=499)
+        return JSONResponse(finished_response(resp, message_id, finals[0]).model_dump(mode="json"))
+
+    async def responses_stream(
+        self, resp: ResponsesResponse, message_id: str, gens: list[_Gen], timer: RequestTimer
+    ) -> AsyncIterator[str]:
+        events = ResponseEvents(message_id)
+        try:
+            for event in events.opening(resp):
+                yield event
+            sent = 0
+            final: RequestOutput | None = None
+            async for _, out in self._merged(gens, timer):
+                final = out
+                text = out.outputs[0].text
+                if len(text) > sent:  # one delta per engine output that adds text
+                    yield events.delta(text[sent:])
+                    sent = len(text)
+            self._finish_timer(gens, timer)
+            if final is None:
+                raise APIError(500, "The engine ended the request without producing output.")
+            for event in events.closing(finished_response(resp, message_id, final)):
+                yield event
+        except Exception as e:  # noqa: BLE001 - reported in-band, as OpenAI does
+            if not isinstance(e, (ValueError, APIError)):
+                logger.exception("error while streaming %s", resp.id)
+            err = _to_api_error(e)
+            yield events.error(err.message, err.err_type, err.param)
+        finally:
+            self.cleanup(gens)
+
     # ------------------------------------------------------------------ tokenize
     def tokenize(self, req: TokenizeRequest) -> TokenizeResponse:
         if req.model is not None:
@@ -1291,6 +1371,10 @@ def build_app(
     @app.post("/v1/chat/completions")
     async def chat_completions(request: ChatCompletionRequest, raw_request: Request) -> Response:
         return await serving.create_chat_completion(request, raw_request)
+
+    @app.post("/v1/responses")
+    async def responses(request: ResponsesRequest, raw_request: Request) -> Response:
+        return await serving.create_response(request, raw_request)
 
     @app.post("/tokenize")
     async def tokenize(request: TokenizeRequest) -> TokenizeResponse:

@@ -270,6 +270,99 @@ class ChatCompletionStreamResponse(BaseModel):
         self.__pydantic_fields_set__.update({"object", "created"})
 
 
+# --------------------------------------------------------------------------- responses
+
+
+class ResponsesRequest(BaseModel):
+    """``/v1/responses``: OpenAI's Responses API, the text subset. ``input`` (and ``instructions``) become a chat
+    request's messages (``responses.py``); stateful and tool features are refused there with a 400."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str | None = None
+    input: str | list[dict[str, Any]]
+    instructions: str | None = None
+    max_output_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    stream: bool | None = False
+    metadata: dict[str, str] | None = None
+    user: str | None = None
+    store: bool | None = True  # accepted; nothing is ever stored
+    previous_response_id: str | None = None
+    background: bool | None = False
+    conversation: Any = None
+    prompt: Any = None  # a stored prompt template
+    include: list[str] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
+    text: dict[str, Any] | None = None  # {"format": {"type": "text" | "json_schema" | "json_object", ...}}
+    reasoning: dict[str, Any] | None = None  # accepted, ignored
+    truncation: str | None = None
+    # vLLM's extra sampling fields on its ResponsesRequest
+    top_k: int | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    ignore_eos: bool = False
+    repetition_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    structured_outputs: dict[str, Any] | None = None
+
+
+class ResponseOutputText(BaseModel):
+    type: Literal["output_text"] = "output_text"
+    text: str
+    annotations: list[Any] = Field(default_factory=list)
+    logprobs: list[Any] = Field(default_factory=list)
+
+
+class ResponseOutputMessage(BaseModel):
+    id: str = Field(default_factory=lambda: f"msg_{random_uuid()}")
+    type: Literal["message"] = "message"
+    status: Literal["in_progress", "completed", "incomplete"] = "completed"
+    role: Literal["assistant"] = "assistant"
+    content: list[ResponseOutputText] = Field(default_factory=list)
+
+
+class ResponseUsage(BaseModel):
+    input_tokens: int
+    input_tokens_details: dict[str, int] = Field(default_factory=lambda: {"cached_tokens": 0})
+    output_tokens: int
+    output_tokens_details: dict[str, int] = Field(default_factory=lambda: {"reasoning_tokens": 0})
+    total_tokens: int
+
+
+class ResponsesResponse(BaseModel):
+    id: str = Field(default_factory=lambda: f"resp_{random_uuid()}")
+    object: Literal["response"] = "response"
+    created_at: int = Field(default_factory=now)
+    completed_at: int | None = None
+    status: Literal["completed", "failed", "in_progress", "cancelled", "queued", "incomplete"] = "completed"
+    incomplete_details: dict[str, str] | None = None
+    error: dict[str, Any] | None = None
+    model: str
+    instructions: str | None = None
+    output: list[ResponseOutputMessage] = Field(default_factory=list)
+    usage: ResponseUsage | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    max_output_tokens: int | None = None
+    metadata: dict[str, str] = Field(default_factory=dict)
+    parallel_tool_calls: bool = False
+    tool_choice: str = "none"
+    tools: list[Any] = Field(default_factory=list)
+    text: dict[str, Any] = Field(default_factory=lambda: {"format": {"type": "text"}})
+    reasoning: dict[str, Any] | None = None
+    previous_response_id: str | None = None
+    store: bool = False
+    background: bool = False
+    truncation: str = "disabled"
+    user: str | None = None
+
+
 # --------------------------------------------------------------------------- tokenize / detokenize
 
 
