@@ -240,9 +240,8 @@ class EngineConfig:
     trust_remote_code: bool = False
     generation_config: str = "auto"
     disable_log_stats: bool = True
-    max_logprobs: int = (
-        20  # most (prompt) logprobs a request may ask for, as vLLM's --max-logprobs; -1: the vocabulary
-    )
+    # most (prompt) logprobs a request may ask for, as vLLM's --max-logprobs; -1: the vocabulary
+    max_logprobs: int = 20
     log_stats_interval: float = 10.0
     attention_backend: str = "auto"  # auto | torch | triton
     load_format: str = "auto"  # auto | dummy (random weights from config.json, as vLLM's --load-format dummy)
