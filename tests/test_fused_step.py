@@ -235,47 +235,28 @@ def test_fused_draft_model_step_equals_host_drafter_and_ragged(
         assert any(r[1] == k for r in res)
 
 
-def test_fused_draft_model_near_the_ends(often_qwen3_dir, tiny_qwen3_dir, smol_tokenizer, monkeypatch):
-    """The draft model's fused steps next to max_model_len, its own context cap and the step's token budget,
-    with padding drafts that "match" (n_match capped at num_draft for the committed rows and the bonus)."""
+@pytest.mark.parametrize("method", ["eagle3", "draft_model"])
+def test_fused_steps_near_the_ends(
+    method, often_qwen3_dir, tiny_qwen3_dir, eagle3_dir, smol_tokenizer, monkeypatch
+):
+    """EAGLE-3's and the draft model's fused steps next to max_model_len, the drafter's context cap and the step's
+    token budget, with padding drafts that "match" (n_match past num_draft must be capped for the first pass and
+    the bonus)."""
     sps = [
         SamplingParams(temperature=0, max_tokens=None, ignore_eos=True),
         SamplingParams(temperature=0, max_tokens=11, ignore_eos=True),
         SamplingParams(temperature=0, max_tokens=30, ignore_eos=True),
     ]
-    spec = {
-        "method": "draft_model",
-        "model": often_qwen3_dir,
-        "num_speculative_tokens": 4,
-        "max_model_len": 36,
-    }
+    drafter = eagle3_dir if method == "eagle3" else often_qwen3_dir  # the draft model: the target itself
+    spec = {"method": method, "model": drafter, "num_speculative_tokens": 4, "max_model_len": 36}
     _, log, toks = _lockstep(often_qwen3_dir, spec, PROMPTS, sps, max_model_len=48)
     assert toks == _generate(_llm(often_qwen3_dir, spec, padded=False, max_model_len=48), PROMPTS, sps)
     assert len(toks[0]) == 48 - len(smol_tokenizer(PROMPTS[0]).input_ids)
     _, shortened, no_draft = _accepted(log, 4)
     assert shortened > 0 and no_draft > 0
     monkeypatch.setattr("specserve.runner.model_runner.greedy_verify", _padding_always_matches)
-    spec = {"method": "draft_model", "model": tiny_qwen3_dir, "num_speculative_tokens": 4}
-    kw = {"max_model_len": 48, "max_num_batched_tokens": 12}
-    sps = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (28, 9, 17)]
-    _lockstep(often_qwen3_dir, spec, PROMPTS, sps, **kw)
-
-
-def test_fused_eagle3_near_the_ends(often_qwen3_dir, eagle3_dir, smol_tokenizer, monkeypatch):
-    """EAGLE-3 fused steps next to max_model_len, the drafter's context cap and the step's token budget, with
-    padding drafts that "match" (n_match past num_draft must be capped for the first pass and the bonus)."""
-    sps = [
-        SamplingParams(temperature=0, max_tokens=None, ignore_eos=True),
-        SamplingParams(temperature=0, max_tokens=11, ignore_eos=True),
-        SamplingParams(temperature=0, max_tokens=30, ignore_eos=True),
-    ]
-    spec = {"method": "eagle3", "model": eagle3_dir, "num_speculative_tokens": 4, "max_model_len": 36}
-    _, log, toks = _lockstep(often_qwen3_dir, spec, PROMPTS, sps, max_model_len=48)
-    assert toks == _generate(_llm(often_qwen3_dir, spec, padded=False, max_model_len=48), PROMPTS, sps)
-    assert len(toks[0]) == 48 - len(smol_tokenizer(PROMPTS[0]).input_ids)
-    _, shortened, no_draft = _accepted(log, 4)
-    assert shortened > 0 and no_draft > 0
-    monkeypatch.setattr("specserve.runner.model_runner.greedy_verify", _padding_always_matches)
+    if method == "draft_model":  # a draft model other than the target, no cap: drafts rejected at times
+        spec = {"method": "draft_model", "model": tiny_qwen3_dir, "num_speculative_tokens": 4}
     kw = {"max_model_len": 48, "max_num_batched_tokens": 12}
     sps = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (28, 9, 17)]
     _lockstep(often_qwen3_dir, spec, PROMPTS, sps, **kw)

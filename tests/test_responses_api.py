@@ -18,7 +18,7 @@ from openai.types.responses import (
     ResponseCompletedEvent,
     ResponseTextDeltaEvent,
 )
-from test_server import MODEL, ServerThread, assert_error, metric_value, metrics_text, tiny_engine
+from test_server import MODEL, assert_error, metric_value, metrics_text, openai_client, tiny_server
 
 N = 8  # output tokens of the greedy requests (ignore_eos: exactly this many)
 GREEDY: dict[str, Any] = {"temperature": 0, "extra_body": {"ignore_eos": True}}
@@ -36,23 +36,24 @@ STREAM_ORDER = [
 
 
 @pytest.fixture(scope="module")
-def engine(tiny_llama_dir: str) -> Iterator[Any]:
-    eng = tiny_engine(tiny_llama_dir, num_gpu_blocks=64)
-    yield eng
-    eng.shutdown()
+def served(tiny_llama_dir: str) -> Iterator[tuple[Any, str]]:
+    with tiny_server(tiny_llama_dir, MODEL) as s:
+        yield s
 
 
 @pytest.fixture(scope="module")
-def server(engine: Any) -> Iterator[str]:
-    from specserve.server.api_server import build_app
+def engine(served: tuple[Any, str]) -> Any:
+    return served[0]
 
-    with ServerThread(build_app(engine, MODEL)) as srv:
-        yield srv.url
+
+@pytest.fixture(scope="module")
+def server(served: tuple[Any, str]) -> str:
+    return served[1]
 
 
 @pytest.fixture(scope="module")
 def client(server: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{server}/v1", api_key="unused", max_retries=0, timeout=60)
+    return openai_client(server)
 
 
 def chat_text(client: openai.OpenAI, messages: list[dict[str, Any]], n: int = N) -> tuple[str, int]:

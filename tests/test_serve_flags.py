@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from test_server import ServerThread, assert_error, sse_events, tiny_engine
+from test_server import ServerThread, assert_error, openai_client, sse_events, tiny_engine
 
 from specserve.server.cli_args import engine_config_from_args, parse_serve_args
 
@@ -212,7 +212,7 @@ def served(engine: Any, tiny_llama_dir: str, tmp_path_factory: pytest.TempPathFa
 
 @pytest.fixture(scope="module")
 def client(served: Any) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{served[1]}/v1", api_key="unused", max_retries=0, timeout=60)
+    return openai_client(served[1])
 
 
 def test_uvicorn_config(served: Any) -> None:
@@ -252,7 +252,7 @@ def test_max_logprobs_above_20(engine: Any) -> None:
     assert engine_configs[-1].max_logprobs == -1  # the engine's own bound too
     with pytest.MonkeyPatch.context() as m, ServerThread(config.app) as srv:
         m.setattr(engine.config, "max_logprobs", -1)  # the borrowed engine, as serve_main would build it
-        c = openai.OpenAI(base_url=f"{srv.url}/v1", api_key="unused", max_retries=0, timeout=60)
+        c = openai_client(srv.url)
         chat = c.chat.completions.create(
             model="tiny",
             messages=MSGS,

@@ -7,6 +7,7 @@ One engine is shared by two uvicorn servers (one without, one with an API key) r
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 import subprocess
@@ -70,14 +71,28 @@ def tiny_engine(model_dir: str, **kw: Any) -> Any:
     return AsyncLLM(EngineConfig(model=model_dir, device="cpu", dtype="float32", **kw))
 
 
-def tiny_openai_client(model_dir: str) -> Iterator[openai.OpenAI]:
-    """For a module fixture: ``model_dir`` served by a tiny_engine (64 blocks) as "tiny", an ``openai`` client."""
+def openai_client(url: str, timeout: float = 60) -> openai.OpenAI:
+    """The ``openai`` client of the server at ``url`` (no retries: a failure shows at once)."""
+    return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=timeout)
+
+
+@contextlib.contextmanager
+def tiny_server(model_dir: str, name: str = "tiny") -> Iterator[tuple[Any, str]]:
+    """``model_dir`` served by a tiny_engine (64 blocks) as ``name`` on a thread: (the engine, the base url)."""
     from specserve.server.api_server import build_app
 
     eng = tiny_engine(model_dir, num_gpu_blocks=64)
-    with ServerThread(build_app(eng, "tiny")) as srv:
-        yield openai.OpenAI(base_url=f"{srv.url}/v1", api_key="unused", max_retries=0, timeout=120)
-    eng.shutdown()
+    try:
+        with ServerThread(build_app(eng, name)) as srv:
+            yield eng, srv.url
+    finally:
+        eng.shutdown()
+
+
+def tiny_openai_client(model_dir: str) -> Iterator[openai.OpenAI]:
+    """For a module fixture: ``model_dir`` served by a tiny_server as "tiny", an ``openai`` client."""
+    with tiny_server(model_dir) as (_, url):
+        yield openai_client(url, timeout=120)
 
 
 @pytest.fixture(scope="module")
@@ -105,7 +120,7 @@ def auth_server(engine: Any) -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def client(server: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{server}/v1", api_key="unused", max_retries=0, timeout=60)
+    return openai_client(server)
 
 
 def sse_events(url: str, body: dict[str, Any]) -> list[Any]:
@@ -767,7 +782,7 @@ def test_draft_model_speculation_over_http(tiny_llama_dir: str, client: openai.O
                 pool.map(lambda a: greedy_completion(client, *a).choices[0].text, zip(prompts, lengths))
             )
         with ServerThread(build_app(eng, MODEL)) as srv:
-            spec_client = openai.OpenAI(base_url=f"{srv.url}/v1", api_key="unused", max_retries=0, timeout=60)
+            spec_client = openai_client(srv.url)
             with ThreadPoolExecutor(4) as pool:
                 got = list(
                     pool.map(

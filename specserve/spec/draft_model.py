@@ -25,6 +25,7 @@ from specserve.spec.drafter_utils import (
     build_model,
     drafter_graph_mode,
     drafter_split_gemm,
+    paged_slots,
     scatter_drafts,
 )
 from specserve.spec.proposer import DraftInput, Proposer
@@ -140,7 +141,7 @@ class DraftModelProposer(Proposer):
         capture = self._fused_step_mode(buf, "draft model")
         if capture is None:
             return False
-        q, r, bs, mb, dev = K + 1, K + 2, runner.block_size, buf.max_blocks, runner.device
+        q, r, bs, dev = K + 1, K + 2, runner.block_size, runner.device
         cols = torch.arange(r, device=dev)
         steps = torch.arange(1, K, device=dev)
         qsl = torch.arange(runner.config.max_num_seqs + 1, dtype=torch.int32, device=dev) * r
@@ -158,14 +159,10 @@ class DraftModelProposer(Proposer):
             real = v.seq > 0
             # positions first .. first+K+1; the bonus at first+n_acc+1, the K-1 steps after it
             pos = first[:, None] + cols[None, :]
-            blk = pos // bs
-            bid = v.bt.gather(1, blk.clamp(0, mb - 1)).long()
-            ok = (bid >= 0) & (blk < mb)
-            bonus_pos = first + n_acc + 1
-            spos = bonus_pos[:, None] + steps[None, :]  # [b, K-1]
-            sblk = spos // bs
-            sbid = v.bt.gather(1, sblk.clamp(0, mb - 1)).long()
-            covered = ((sbid >= 0) & (sblk < mb)).all(1) & ok.gather(1, (n_acc + 1)[:, None])[:, 0]
+            pslots, ok = paged_slots(v.bt, pos, bs)
+            spos = (first + n_acc + 1)[:, None] + steps[None, :]  # [b, K-1]
+            sslots, sok = paged_slots(v.bt, spos, bs)
+            covered = sok.all(1) & ok.gather(1, (n_acc + 1)[:, None])[:, 0]
             active = real & covered & (budget > n_acc)
             # 1) the committed rows + the bonus row
             ids = torch.cat([v.ids.view(b, q), bonus], 1)
@@ -173,14 +170,14 @@ class DraftModelProposer(Proposer):
             write = (cols[None, :] <= n_acc[:, None]) | (
                 (cols[None, :] == (n_acc + 1)[:, None]) & active[:, None]
             )
-            slots = torch.where(write & ok & real[:, None], bid * bs + pos % bs, -1).view(-1)
+            slots = torch.where(write & ok & real[:, None], pslots, -1).view(-1)
             seq = torch.where(real, first + r, 0).to(torch.int32)
             meta = AttnMetadata(qsl[: b + 1], seq, v.bt, slots, max_query_len=r, max_seq_len=max_seq)
             hidden, _ = self.model(toks, torch.where(real[:, None], pos, 0).view(-1), meta)
             sel = torch.arange(b, device=dev) * r + n_acc + 1
             tok = argmax_last(self.model.compute_logits(hidden[sel]))
             # 2) steps 1..K-1 at bonus + 1 .. bonus + K - 1 for the requests that draft
-            sslots = torch.where(active[:, None], sbid * bs + spos % bs, -1)
+            sslots = torch.where(active[:, None], sslots, -1)
             outs = [tok]
             for j in range(K - 1):
                 p = torch.where(active, spos[:, j], 0)

@@ -64,6 +64,15 @@ def drafter_split_gemm(runner: ModelRunner, layers: Any) -> tuple[dict[str, int]
     return split_gemm_config(runner.device, runner.weight_layout, False), False
 
 
+def paged_slots(bt: torch.Tensor, pos: torch.Tensor, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """On the device: the cache slots of positions ``pos`` [b, n] through block tables ``bt`` [b, max_blocks], and
+    whether each table covers its position (a block there, inside the table)."""
+    mb = bt.shape[1]
+    blk = pos // block_size
+    bid = bt.gather(1, blk.clamp(0, mb - 1)).long()
+    return bid * block_size + pos % block_size, (bid >= 0) & (blk < mb)
+
+
 class PagedBatch:
     """Host-side builder for one drafter forward over a varlen batch (positions, slots, block tables)."""
 

@@ -16,6 +16,7 @@ from specserve.spec.drafter_utils import (
     build_model,
     drafter_graph_mode,
     load_drafter_checkpoint,
+    paged_slots,
     scatter_drafts,
 )
 from specserve.spec.proposer import DraftInput, Proposer
@@ -129,7 +130,7 @@ class Eagle3Proposer(Proposer):
         capture = self._fused_step_mode(buf, "EAGLE-3")
         if capture is None:
             return False
-        q, bs, mb, dev = K + 1, runner.block_size, buf.max_blocks, runner.device
+        q, bs, dev = K + 1, runner.block_size, runner.device
         cols = torch.arange(q, device=dev)
         steps = torch.arange(1, K, device=dev)
         backend = runner.backend
@@ -157,11 +158,9 @@ class Eagle3Proposer(Proposer):
             #    draft (budget left) and whose block table covers those positions
             last = v.pos.view(b, q)[:, 0] + n_acc
             spos = last[:, None] + steps[None, :]  # [b, K-1]
-            blk = spos // bs
-            bid = v.bt.gather(1, blk.clamp(0, mb - 1)).long()
-            covered = ((bid >= 0) & (blk < mb)).all(1)
-            active = (v.seq > 0) & covered & (budget > n_acc)
-            sslots = torch.where(active[:, None], bid * bs + spos % bs, -1)
+            sslots, covered = paged_slots(v.bt, spos, bs)
+            active = (v.seq > 0) & covered.all(1) & (budget > n_acc)
+            sslots = torch.where(active[:, None], sslots, -1)
             outs = [tok]
             for j in range(K - 1):
                 pos = torch.where(active, spos[:, j], 0)
