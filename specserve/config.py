@@ -104,6 +104,8 @@ class SpeculativeConfig:
     disable_padded_drafter_batch: bool = False
     # vLLM's: no drafts for the next step while more than this many requests are in the batch
     disable_by_batch_size: int | None = None
+    # specserve's: no drafts while speculation measures slower than plain decoding (specserve/spec/gate.py)
+    disable_when_slower: bool = False
     draft_tensor_parallel_size: int | None = None
     prompt_lookup_min: int | None = None
     prompt_lookup_max: int | None = None
@@ -183,7 +185,7 @@ class SpeculativeConfig:
                 f"speculative_config: 'prompt_lookup_min' ({lo}) must be <= 'prompt_lookup_max' ({hi})."
             )
         d["prompt_lookup_min"], d["prompt_lookup_max"] = lo, hi
-        for name in ("disable_padded_drafter_batch", "enforce_eager"):
+        for name in ("disable_padded_drafter_batch", "enforce_eager", "disable_when_slower"):
             if d.get(name) is not None and not isinstance(d[name], bool):
                 raise ValueError(f"speculative_config: {name!r} must be a boolean, got {d[name]!r}.")
         mml = d.get("max_model_len")
@@ -195,6 +197,7 @@ class SpeculativeConfig:
                 f"speculative_config: 'disable_by_batch_size' must be an integer >= 2, got {dbs!r}."
             )
         d.setdefault("disable_padded_drafter_batch", False)
+        d["disable_when_slower"] = bool(d.get("disable_when_slower"))
         return cls(**d)
 
     def to_dict(self) -> dict[str, Any]:

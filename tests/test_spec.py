@@ -492,11 +492,16 @@ def test_disable_by_batch_size(
     drafts then equal those of a run that drafted at every step, at the same committed tokens."""
     model = {"dflash": dflash_dir, "eagle3": eagle_dir, "draft_model": tiny2_qwen3_dir}[method]
     spec = {"method": method, "model": model, "num_speculative_tokens": 3}
-    kw = dict(padded_decode=True, async_spec=async_on)
+    kw = dict(padded_decode=True, async_spec=async_on, async_scheduling=async_on)
     short = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
     long = SamplingParams(temperature=0, max_tokens=N, ignore_eos=True)
     gated = _spec_llm(tiny_qwen3_dir, dict(spec, disable_by_batch_size=2), **kw)
+    # async: DFlash's gated plain steps pipeline, its context fed by a graph after the target's (launch_decode)
+    assert gated.engine.runner.use_context_step == (method == "dflash")
+    assert gated.engine.runner.async_scheduling == (async_on and method == "dflash")
     outs, drafts, steps = _drafts_by_prefix(gated, PROMPTS[:3], [short, long, short], watch=1)
+    if async_on and method == "dflash":
+        assert gated.engine.runner.num_async_steps > 0
     assert outs == [baseline[0][:5], baseline[1], baseline[2][:5]]  # lossless
     # three running: no drafts; the two short ones done: drafting resumed
     assert steps[0][0] == 3 and not any(has for n, has in steps if n > 2)

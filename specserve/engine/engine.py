@@ -17,6 +17,7 @@ from specserve.engine.scheduler import ScheduledRequest, Scheduler, SchedulerOut
 from specserve.errors import RequestValidationError
 from specserve.outputs import CompletionOutput, Logprob, RequestOutput
 from specserve.sampling_params import SamplingParams
+from specserve.spec.gate import PLAIN, SPEC, SpeculationGate
 
 if TYPE_CHECKING:
     from specserve.runner.model_runner import InflightDecode, InflightSpec
@@ -181,6 +182,14 @@ class LLMEngine:
         self._inflight_spec: InflightSpec | None = None  # likewise, a fused greedy speculative step
         # metrics
         self.spec_stats = SpecStats()
+        # speculative_config.disable_when_slower (specserve/spec/gate.py); the runner asks it in drafting_on
+        self.gate: SpeculationGate | None = None
+        spec = config.speculative_config
+        if spec is not None and spec.disable_when_slower and self.runner.proposer is not None:
+            self.gate = self.runner.gate = SpeculationGate()
+        # (kind, batch size, tokens per request drafting a full K) of the step, for the gate
+        self._step_info: tuple[str, int, float | None] | None = None
+        self._clock: Callable[[], float] = time.perf_counter  # the gate's step timer (tests replace it)
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
         self.request_success: dict[str, int] = {}
@@ -408,6 +417,17 @@ class LLMEngine:
 
     # ------------------------------------------------------------------ the step
     def step(self) -> list[RequestOutput]:
+        """Run one step and return its outputs (see _step); the speculation gate, when on, times it."""
+        self._step_info = None
+        out = self._step()
+        if self.gate is not None:
+            if self._step_info is None:
+                self.gate.record(None, 0, 0.0)
+            else:
+                self.gate.record(self._step_info[0], self._step_info[1], self._clock(), self._step_info[2])
+        return out
+
+    def _step(self) -> list[RequestOutput]:
         """Run one step and return its outputs.
 
         Async scheduling (plain decode on the in-graph path, see ModelRunner.launch_decode): step N is launched
@@ -466,6 +486,7 @@ class LLMEngine:
         """Wait for a launched decode step and process its tokens as the synchronous step does. A request that
         finished (or was aborted) after this step was launched gets nothing: its token is discarded."""
         tokens = self.runner.collect_decode(step)
+        self._step_info = (PLAIN, len(step.items), None)
         touched: set[str] = set()
         now = time.monotonic()
         for s, tok in zip(step.items, tokens):
@@ -531,6 +552,7 @@ class LLMEngine:
         touched: set[str] = set()
         now = time.monotonic()
         drafting_on = self.runner.drafting_on(len(step.items))
+        emitted = full = 0  # for the gate: tokens of the requests that drafted a full K
         for s, vals in zip(step.items, rows):
             req = s.req
             if req.is_finished:
@@ -538,6 +560,8 @@ class LLMEngine:
             nd = len(req.spec_token_ids)
             toks = vals[: min(vals[q], nd) + 1]
             n_acc = len(toks) - 1
+            if nd == self.num_spec:
+                emitted, full = emitted + len(toks), full + 1
             if nd:
                 self.spec_stats.observe(nd, n_acc)
             max_drafts = max(0, self.runner._draft_budget(req, len(toks))) if drafting_on else 0
@@ -545,6 +569,7 @@ class LLMEngine:
             if self._commit(req, toks, None, now, touched):
                 d = vals[q + 1 : q + 1 + max_drafts]
                 req.spec_token_ids = d if d and d[0] >= 0 else []
+        self._step_info = (SPEC, len(step.items), emitted / full if full else None)
         self._maybe_log()
         return self._outputs_for(touched)
 
@@ -557,6 +582,12 @@ class LLMEngine:
                 return self._outputs_for({req.parent_id or req.request_id})
             return []
         result = self.runner.execute(sched)
+        items = sched.scheduled
+        if all(s.num_new_tokens == 1 and s.samples for s in items):  # a decode step: what the gate times
+            outs = [result.outputs[s.req.request_id] for s in items]
+            kind = SPEC if any(o.num_draft for o in outs) else ("transition" if result.drafts else PLAIN)
+            full = [len(o.new_token_ids) for o in outs if o.num_draft == self.num_spec]
+            self._step_info = (kind, len(items), sum(full) / len(full) if full else None)
         touched: set[str] = set()
         now = time.monotonic()
         for s in sched.scheduled:

@@ -159,6 +159,7 @@ class ModelRunner:
         self.num_speculative_tokens = k
         self.draft_max_model_len = spec.max_model_len if spec and spec.max_model_len else max_model_len
         self.disable_by_batch_size = spec.disable_by_batch_size if spec else None
+        self.gate: Any = None  # speculative_config.disable_when_slower: the engine's SpeculationGate
         with torch.device(device):
             prev = torch.get_default_dtype()
             torch.set_default_dtype(dtype)
@@ -228,6 +229,7 @@ class ModelRunner:
         self.async_spec = False  # set up with the uniform path (_setup_uniform_path)
         self.use_fused_step = False  # set up with the uniform path (_setup_uniform_path)
         self.async_scheduling = False  # likewise
+        self.use_context_step = False  # likewise: plain steps feed the drafter from a graph (launch_decode)
         self.prefill_graphs: BucketedGraphs | None = None  # likewise (padded path only)
         self.num_prefill_graph_steps = 0  # prefill steps run through the prefill graphs (tests, benchmarks)
         self.profile = False  # benchmarks: per step (target+verify ms, drafter ms, batch) in self.timings
@@ -379,7 +381,7 @@ class ModelRunner:
         # --enforce-eager keeps the padded path (same kernels, same shapes as the graphs) and only skips capture
         padded = self._padded_path()
         self.use_padded = padded
-        self.async_scheduling = self.async_spec = False
+        self.async_scheduling = self.async_spec = self.use_context_step = False
         if not padded:
             return
         capture = self.device.type == "cuda" and not cfg.enforce_eager
@@ -418,13 +420,20 @@ class ModelRunner:
         k = self.num_speculative_tokens
         if k and self.proposer is not None:
             self.use_fused_step = self.proposer.setup_fused_step(self.graphs[k + 1], self.padded[k + 1])
+        # plain steps while drafting is off (disable_when_slower / disable_by_batch_size) feed the drafter's
+        # context from a graph after the target's, so they pipeline as plain decoding does (launch_decode)
+        self.use_context_step = (
+            bool(k)
+            and self.proposer is not None
+            and self.proposer.setup_context_step(self.graphs[1], self.padded[1])
+        )
         # the step's single device-to-host copy lands here (pinned, so it can be asynchronous), by row width
         widths = {2, k + 2} | ({2 * k + 2} if self.use_fused_step else set())
         for w in widths:
             self._greedy_host[w] = torch.zeros((max_b, w), dtype=torch.int64, pin_memory=dev.type == "cuda")
         # async decode: two steps in flight at most, so two pinned landing buffers (+ events) used alternately
         self.async_scheduling = cfg.async_scheduling if cfg.async_scheduling is not None else capture
-        self.async_scheduling = self.async_scheduling and self.proposer is None
+        self.async_scheduling = self.async_scheduling and (self.proposer is None or self.use_context_step)
         cuda = dev.type == "cuda"
         self._async_host = [torch.zeros((max_b, 2), dtype=torch.int64, pin_memory=cuda) for _ in range(2)]
         self._async_events = [torch.cuda.Event() if cuda else None for _ in range(2)]
@@ -598,9 +607,12 @@ class ModelRunner:
         """speculative_config.disable_by_batch_size, as vLLM: while more requests than that are in the batch
         (SchedulerOutput.batch_size: running or admissible, whether or not this step schedules each), a step
         proposes no drafts for the next one. The drafter still reads the step's target features, so its context
-        is whole when the batch shrinks and drafting resumes."""
+        is whole when the batch shrinks and drafting resumes. The same for disable_when_slower (the gate: while it
+        measures speculation slower than plain decoding at this batch size)."""
         t = self.disable_by_batch_size
-        return t is None or batch_size <= t
+        if t is not None and batch_size > t:
+            return False
+        return self.gate is None or self.gate.drafting_on(batch_size)
 
     def _draft_budget(self, req, num_new: int) -> int:  # type: ignore[no-untyped-def]
         """max_drafts before the floor at 0 for req once num_new tokens are appended to it: the drafter's own
@@ -805,13 +817,15 @@ class ModelRunner:
 
     # ------------------------------------------------------------------ async decode (see LLMEngine.step)
     def can_launch_async(self, items: list) -> bool:  # type: ignore[type-arg]
-        """A plain decode step (1 token per request, no drafts, no drafter to feed) that the graphs answer alone.
-        Not while profiling: the per-step device timings need synchronous steps."""
+        """A plain decode step (1 token per request, no drafts) that the graphs answer alone: no drafter, or one
+        whose context step feeds it while drafting is off (the step proposes no drafts). Not while profiling:
+        the per-step device timings need synchronous steps."""
         return (
             self.async_scheduling
             and not self.profile
             and 0 < len(items) <= self.config.max_num_seqs
             and all(s.num_new_tokens == 1 and not s.spec_token_ids for s in items)
+            and (self.proposer is None or not self.drafting_on(len(items)))
             and self._graph_sampling_ok(items)
         )
 
@@ -826,7 +840,9 @@ class ModelRunner:
             feed = (prev.packed, [rows[id(s.req)] for s in items])
             self.num_async_steps += 1
         random_rows = not all(s.req.params.greedy for s in items)
-        logits, _, packed = self._forward_uniform(items, 1, random_rows, feed)
+        logits, features, packed = self._forward_uniform(items, 1, random_rows, feed)
+        if self.proposer is not None:  # drafting is off (can_launch_async): the drafter reads the features
+            self.proposer.run_context_step(features, self.graphs[1].bucket(len(items)))
         if random_rows:
             packed = self._sample_uniform(1, logits, packed)
         self.num_fast_steps += 1

@@ -99,7 +99,7 @@ class DFlashProposer(Proposer):
 
     def bind_kv_caches(self, caches: list[tuple[torch.Tensor, torch.Tensor]], block_size: int) -> None:
         self.caches = caches
-        self.graphs = self.fused = None
+        self.graphs = self.fused = self.context = None
         runner = self.runner
         padded, capture = drafter_graph_mode(runner)
         if not padded:
@@ -178,6 +178,35 @@ class DFlashProposer(Proposer):
             return torch.cat([packed, torch.where(active[:, None], drafts, -1)], 1)
 
         return self._capture_fused_step("dflash fused step", fn, target, buf, bs, capture)
+
+    def setup_context_step(self, target: Any, buf: Any) -> bool:
+        """The context K/V of a plain decode step's input tokens (one per request, at the target's q=1 slots;
+        padding rows have slot -1 and write nothing), as a bucketed graph after the target's (Proposer)."""
+        from specserve.runner.cuda_graphs import BucketedGraphs
+        from specserve.spec.drafter_utils import drafter_graph_mode
+
+        spec = self.runner.config.speculative_config
+        padded, capture = drafter_graph_mode(self.runner)
+        if self.graphs is None or not padded or (spec is not None and spec.enforce_eager) or buf.q != 1:
+            return False
+        runner = self.runner
+
+        def fn(b: int) -> torch.Tensor:
+            assert self._context_in is not None
+            v = buf.views(b)
+            self.model.store_context_kv(self._context_in, v.pos, v.slots, self.caches, runner.backend)
+            return v.seq  # the graph's output is not read
+
+        def prepare(b: int) -> None:
+            buf.fill(b, [], runner.block_size)
+            self._context_in = target.run(b)[1]
+
+        self.context = BucketedGraphs(
+            "dflash context step", fn, target.buckets, buf.device, bool(capture), target.pool, prepare=prepare
+        )
+        self._context_in = None
+        self._context_target = target
+        return True
 
     def _query_uniform(self, inputs: list[DraftInput], drafting: list[int]) -> list[list[int]]:
         """The query pass as one graph replay over [last token, MASK x K] per drafting request."""

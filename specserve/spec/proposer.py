@@ -32,6 +32,9 @@ class Proposer:
     _fused_in: tuple[torch.Tensor | None, torch.Tensor] | None = (
         None  # the verify graph's (features, packed), during a run
     )
+    context: Any = None  # the context step's bucketed graphs (setup_context_step), if any
+    _context_target: Any = None
+    _context_in: torch.Tensor | None = None  # the q=1 target graph's features, during a run
 
     def __init__(self, num_speculative_tokens: int) -> None:
         self.num_speculative_tokens = num_speculative_tokens
@@ -79,6 +82,27 @@ class Proposer:
             return fused.run(b)
         finally:
             self._fused_in = None
+
+    def setup_context_step(self, target: Any, buf: Any) -> bool:
+        """Build a graph that feeds the drafter one plain decode step's target features (its context: what
+        ``propose`` does for a step that drafts nothing), replayed right after the target's q=1 graphs
+        ``target`` (static inputs ``buf``). With it, plain steps taken while drafting is off
+        (disable_when_slower, disable_by_batch_size) pipeline like plain decoding without a drafter. False when
+        this proposer has none (such steps then run synchronously through ``propose``)."""
+        return False
+
+    def run_context_step(self, features: torch.Tensor | None, b: int) -> None:
+        """The drafter's context update of a plain q=1 step of bucket b, right after the target's graph."""
+        ctx = self.context
+        if ctx is None:
+            raise NotImplementedError
+        if b in ctx.graphs:  # a captured graph reads the target graph's static outputs
+            assert features is self._context_target.outputs[b][1]
+        self._context_in = features
+        try:
+            ctx.run(b)
+        finally:
+            self._context_in = None
 
     def _fused_step_mode(self, buf: Any, what: str) -> bool | None:
         """The fused steps' shared gate: None when no fused step is built (no padded drafter graphs, or the spec
