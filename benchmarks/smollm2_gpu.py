@@ -62,6 +62,8 @@ def specs(args: argparse.Namespace) -> list[dict | None]:
     if args.dflash:
         out += [
             {"method": "dflash", "model": args.dflash, "num_speculative_tokens": 15},
+            # the demo's default: drafting only while it measures faster than plain decoding
+            {"method": "dflash", "model": args.dflash, "num_speculative_tokens": 15, "disable_when_slower": True},
             {"method": "dflash", "model": args.dflash, "num_speculative_tokens": 7},
             {"method": "dflash", "model": args.dflash, "num_speculative_tokens": 4},
         ]
@@ -76,7 +78,9 @@ def specs(args: argparse.Namespace) -> list[dict | None]:
 
 
 def name(spec: dict | None) -> str:
-    return "plain" if spec is None else f"{spec['method']} K={spec['num_speculative_tokens']}"
+    if spec is None:
+        return "plain"
+    return f"{spec['method']} K={spec['num_speculative_tokens']}" + (" gated" if spec.get("disable_when_slower") else "")
 
 
 def hf_worker(args: argparse.Namespace) -> int:
@@ -219,7 +223,7 @@ def main() -> int:
                 # the engine's default, then (fused speculative steps) with their asynchronous pipelining off
                 runner = llm.engine.runner
                 modes = [(name(spec), None)]
-                if runner.async_spec:
+                if runner.async_spec and not (spec or {}).get("disable_when_slower"):
                     modes.append((name(spec) + " sync", False))
                 for cfg_name, async_spec in modes:
                     if async_spec is not None:
@@ -245,6 +249,14 @@ def main() -> int:
                                 "pipelined_spec_steps": runner.num_async_spec_steps,
                             }
                         )
+                        gate = llm.engine.gate
+                        if gate is not None:  # disable_when_slower: steps it ran plain, probes, ratio at batch 1
+                            rows[-1].update(
+                                gated_plain_steps=gate.num_plain_steps,
+                                probes=gate.num_probes,
+                                spec_over_plain_step=gate.ratio(1),
+                                pipelined_plain_steps=runner.num_async_steps,
+                            )
                         print(json.dumps(rows[-1]), flush=True)
             del llm
             torch.cuda.empty_cache()
@@ -253,13 +265,13 @@ def main() -> int:
             print(f"graphs == eager for {name(spec)}: {equal[name(spec)]}", flush=True)
 
     hf_static = {r["prompt_set"]: r["tokens_per_s"] for r in rows if r["config"] == "static"}
-    print(f"\n{'engine':16} {'config':14} {'prompts':12} {'tok/s':>8} {'x HF static':>11} {'accept len':>10}")
+    print(f"\n{'engine':16} {'config':18} {'prompts':12} {'tok/s':>8} {'x HF static':>11} {'accept len':>10}")
     for r in sorted(rows, key=lambda r: list(sets).index(r["prompt_set"])):
         base = hf_static.get(r["prompt_set"])
         x = f"{r['tokens_per_s'] / base:.2f}" if base else "-"
         al = f"{r['acceptance_length']:.2f}" if r["acceptance_length"] else "-"
         print(
-            f"{r['engine']:16} {r['config']:14} {r['prompt_set'][:12]:12} {r['tokens_per_s']:>8.1f} {x:>11} "
+            f"{r['engine']:16} {r['config']:18} {r['prompt_set'][:12]:12} {r['tokens_per_s']:>8.1f} {x:>11} "
             f"{al:>10}"
         )
     print("graphs == eager (128 greedy tokens, 4 prompts, bf16):", json.dumps(equal))
