@@ -1,6 +1,6 @@
 """speculative_config.disable_when_slower (specserve/spec/gate.py): drafting turns off while speculation measures
-slower than plain decoding (tokens a request gets per speculative step < speculative / plain step time), probes
-again later, and the outputs stay the target's own greedy tokens through every switch."""
+clearly slower than plain decoding (tokens a request gets per speculative step < 0.9 x speculative / plain step
+time), probes again later, and the outputs stay the target's own greedy tokens through every switch."""
 
 from __future__ import annotations
 

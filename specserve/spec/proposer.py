@@ -145,6 +145,14 @@ class NgramProposer(Proposer):
         super().__init__(num_speculative_tokens)
         self.min_n, self.max_n = min_n, max_n
 
+    def setup_context_step(self, target: Any, buf: Any) -> bool:
+        """Prompt lookup keeps no context of its own: a step that drafts nothing needs nothing from it, so such
+        steps (disable_by_batch_size, disable_when_slower) pipeline as plain decoding."""
+        return True
+
+    def run_context_step(self, features: torch.Tensor | None, b: int) -> None:
+        return None
+
     def propose(self, inputs: list[DraftInput], features: torch.Tensor | None) -> list[list[int]]:
         from specserve.spec.ngram import ngram_propose
 
