@@ -189,3 +189,25 @@ def test_engine_keeps_a_winning_drafter(tiny_qwen3_dir, baseline):
     assert g.num_plain_steps == g.measure and g.num_probes == 1
     m = llm.get_metrics()
     assert m["spec_decode_num_accepted_tokens"] == m["spec_decode_num_draft_tokens"] > 0
+
+
+def test_engine_gate_measures_ngram_drafts(tiny_qwen3_dir):
+    """Prompt lookup drafts fewer than K tokens when its match is short: those steps still measure acceptance
+    (only drafts cut by max_tokens are left out), so the gate decides for n-gram too."""
+    spec = {
+        "method": "ngram",
+        "num_speculative_tokens": 3,
+        "prompt_lookup_min": 1,
+        "prompt_lookup_max": 2,
+        "disable_when_slower": True,
+    }
+    sp = SamplingParams(temperature=0, max_tokens=3 * N, ignore_eos=True)
+    plain = LLM(tiny_qwen3_dir, dtype="float32", device="cpu", max_num_seqs=4)
+    ref = [o.outputs[0].token_ids for o in plain.generate(PROMPTS, sp)]
+    llm = LLM(tiny_qwen3_dir, dtype="float32", device="cpu", max_num_seqs=4, speculative_config=spec)
+    eng = llm.engine
+    eng._clock = _FakeClock(eng, 2.5)
+    assert [o.outputs[0].token_ids for o in llm.generate(PROMPTS, sp)] == ref
+    g = eng.gate
+    assert g.acc_n > 0 and g.ratio(3) == pytest.approx(2.5)
+    assert g.num_plain_steps > g.measure  # under 2.25 tokens a step: gated after measuring

@@ -187,7 +187,7 @@ class LLMEngine:
         spec = config.speculative_config
         if spec is not None and spec.disable_when_slower and self.runner.proposer is not None:
             self.gate = self.runner.gate = SpeculationGate()
-        # (kind, batch size, tokens per request drafting a full K) of the step, for the gate
+        # (kind, batch size, tokens per request whose drafts max_tokens did not cut) of the step, for the gate
         self._step_info: tuple[str, int, float | None] | None = None
         self._clock: Callable[[], float] = time.perf_counter  # the gate's step timer (tests replace it)
         self.prompt_tokens_total = 0
@@ -552,7 +552,7 @@ class LLMEngine:
         touched: set[str] = set()
         now = time.monotonic()
         drafting_on = self.runner.drafting_on(len(step.items))
-        emitted = full = 0  # for the gate: tokens of the requests that drafted a full K
+        emitted = full = 0  # for the gate: tokens of the requests whose drafts max_tokens did not cut
         for s, vals in zip(step.items, rows):
             req = s.req
             if req.is_finished:
@@ -560,7 +560,7 @@ class LLMEngine:
             nd = len(req.spec_token_ids)
             toks = vals[: min(vals[q], nd) + 1]
             n_acc = len(toks) - 1
-            if nd == self.num_spec:
+            if nd and req.max_tokens - req.num_output_tokens > 2 * q:
                 emitted, full = emitted + len(toks), full + 1
             if nd:
                 self.spec_stats.observe(nd, n_acc)
@@ -586,7 +586,12 @@ class LLMEngine:
         if all(s.num_new_tokens == 1 and s.samples for s in items):  # a decode step: what the gate times
             outs = [result.outputs[s.req.request_id] for s in items]
             kind = SPEC if any(o.num_draft for o in outs) else ("transition" if result.drafts else PLAIN)
-            full = [len(o.new_token_ids) for o in outs if o.num_draft == self.num_spec]
+            far = 2 * (self.num_spec + 1)  # drafts not cut by max_tokens (the gate's acceptance)
+            full = [
+                len(o.new_token_ids)
+                for s, o in zip(items, outs)
+                if o.num_draft and s.req.max_tokens - s.req.num_output_tokens > far
+            ]
             self._step_info = (kind, len(items), sum(full) / len(full) if full else None)
         touched: set[str] = set()
         now = time.monotonic()

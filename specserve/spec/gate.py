@@ -9,7 +9,7 @@ engine measures both online and drafts for the next step only while
 
 at the current batch size. Step times are completion-to-completion intervals of decode steps of one kind at one
 batch size (what the caller sees, pipelining included); acceptance averages the recent speculative steps of the
-requests that drafted a full K (drafts cut short near max_tokens say nothing about the text). While drafting is off
+requests that drafted away from their end (drafts cut short near max_tokens say nothing about the text). While drafting is off
 the drafter still reads every step's target features (its context stays whole, ``ModelRunner.drafting_on``; DFlash
 does it in a graph after the target's, so those steps pipeline like plain decoding), and the gate probes
 speculation again after ``probe_min`` plain steps, doubling the wait after each probe that loses (up to
@@ -48,7 +48,7 @@ class SpeculationGate:
         self.state = SPEC
         self.remaining = 0  # steps of the current state still forced (measuring / probing / waiting)
         # averages: the plain mean of the first 1/alpha samples, then exponential (alpha)
-        self.acc: float | None = None  # tokens per request per speculative step (requests drafting a full K)
+        self.acc: float | None = None  # tokens per request per speculative step (requests far from their end)
         self.acc_n = 0
         self.t: dict[tuple[str, int], float] = {}  # seconds per step by (kind, batch size)
         self.t_n: dict[tuple[str, int], int] = {}
@@ -73,8 +73,8 @@ class SpeculationGate:
 
     def record(self, kind: str | None, b: int, now: float, tokens_per_request: float | None = None) -> None:
         """A step finished at ``now``: kind SPEC (it verified drafts; ``tokens_per_request`` = the mean number of
-        tokens each request drafting a full K got, None if none did: drafts cut short near max_tokens say
-        nothing about the text), PLAIN (decode, no drafts verified or proposed), "transition" (decode, drafts
+        tokens each request that drafted more than 2(K+1) tokens before its max_tokens got, None if none did:
+        drafts cut short near the end say nothing about the text), PLAIN (decode, no drafts verified or proposed), "transition" (decode, drafts
         proposed but none verified) or None (anything with a prefill chunk). Updates the estimates, then the
         state."""
         last, self._last = self._last, ((kind, b, now) if kind is not None else None)
