@@ -583,7 +583,7 @@ class LLMEngine:
             return []
         result = self.runner.execute(sched)
         items = sched.scheduled
-        if all(s.num_new_tokens == 1 and s.samples for s in items):  # a decode step: what the gate times
+        if self.gate is not None and all(s.num_new_tokens == 1 and s.samples for s in items):  # what it times
             outs = [result.outputs[s.req.request_id] for s in items]
             kind = SPEC if any(o.num_draft for o in outs) else ("transition" if result.drafts else PLAIN)
             far = 2 * (self.num_spec + 1)  # drafts not cut by max_tokens (the gate's acceptance)
