@@ -125,14 +125,10 @@ def baseline(tiny_qwen3_dir):
     return [o.outputs[0].token_ids for o in llm.generate(PROMPTS, sp)]
 
 
-@pytest.mark.parametrize("async_on", [False, True])
-def test_engine_gates_a_losing_drafter_and_stays_lossless(async_on, tiny_qwen3_dir, baseline, tmp_path):
-    """A random DFlash drafter (about 1 token a step) at a 2.5x step cost: the engine turns drafting off, probes
-    it again, and every output is the target's greedy one; no KV block leaks."""
-    dflash = make_dflash(tmp_path, 64, 4, 49152, layer_ids=[0, 2])
-    spec = {"method": "dflash", "model": dflash, "num_speculative_tokens": 3, "disable_when_slower": True}
-    llm = LLM(
-        tiny_qwen3_dir,
+def _padded_llm(model: str, spec: dict, async_on: bool) -> LLM:
+    """The engine on the padded (graph) path, its steps pipelined or not."""
+    return LLM(
+        model,
         dtype="float32",
         device="cpu",
         max_num_seqs=4,
@@ -141,6 +137,15 @@ def test_engine_gates_a_losing_drafter_and_stays_lossless(async_on, tiny_qwen3_d
         async_scheduling=async_on,
         speculative_config=spec,
     )
+
+
+@pytest.mark.parametrize("async_on", [False, True])
+def test_engine_gates_a_losing_drafter_and_stays_lossless(async_on, tiny_qwen3_dir, baseline, tmp_path):
+    """A random DFlash drafter (about 1 token a step) at a 2.5x step cost: the engine turns drafting off, probes
+    it again, and every output is the target's greedy one; no KV block leaks."""
+    dflash = make_dflash(tmp_path, 64, 4, 49152, layer_ids=[0, 2])
+    spec = {"method": "dflash", "model": dflash, "num_speculative_tokens": 3, "disable_when_slower": True}
+    llm = _padded_llm(tiny_qwen3_dir, spec, async_on)
     eng = llm.engine
     assert eng.gate is not None and eng.runner.gate is eng.gate
     eng._clock = _FakeClock(eng, 2.5)
@@ -156,15 +161,7 @@ def test_engine_gates_a_losing_drafter_and_stays_lossless(async_on, tiny_qwen3_d
     assert m["num_free_blocks"] == m["num_gpu_blocks"]
     # without the gate the same drafter drafts at every step
     spec.pop("disable_when_slower")
-    always = LLM(
-        tiny_qwen3_dir,
-        dtype="float32",
-        device="cpu",
-        max_num_seqs=4,
-        padded_decode=True,
-        async_spec=async_on,
-        speculative_config=spec,
-    )
+    always = _padded_llm(tiny_qwen3_dir, spec, async_on)
     assert always.engine.gate is None
     assert [o.outputs[0].token_ids for o in always.generate(PROMPTS, sp)] == baseline
     assert always.get_metrics()["spec_decode_num_drafts"] > 2 * m["spec_decode_num_drafts"]

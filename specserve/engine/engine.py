@@ -17,7 +17,7 @@ from specserve.engine.scheduler import ScheduledRequest, Scheduler, SchedulerOut
 from specserve.errors import RequestValidationError
 from specserve.outputs import CompletionOutput, Logprob, RequestOutput
 from specserve.sampling_params import SamplingParams
-from specserve.spec.gate import PLAIN, SPEC, SpeculationGate
+from specserve.spec.gate import PLAIN, SPEC, TRANSITION, SpeculationGate
 
 if TYPE_CHECKING:
     from specserve.runner.model_runner import InflightDecode, InflightSpec
@@ -427,6 +427,11 @@ class LLMEngine:
                 self.gate.record(self._step_info[0], self._step_info[1], self._clock(), self._step_info[2])
         return out
 
+    def _gate_sample(self, req: Request, num_draft: int) -> bool:
+        """Whether this request's verified drafts (before committing them) tell the gate about the text: it
+        drafted, more than 2(K+1) tokens before its max_tokens (drafts cut short there say nothing)."""
+        return num_draft > 0 and req.max_tokens - req.num_output_tokens > 2 * (self.num_spec + 1)
+
     def _step(self) -> list[RequestOutput]:
         """Run one step and return its outputs.
 
@@ -486,7 +491,8 @@ class LLMEngine:
         """Wait for a launched decode step and process its tokens as the synchronous step does. A request that
         finished (or was aborted) after this step was launched gets nothing: its token is discarded."""
         tokens = self.runner.collect_decode(step)
-        self._step_info = (PLAIN, len(step.items), None)
+        if self.gate is not None:
+            self._step_info = (PLAIN, len(step.items), None)
         touched: set[str] = set()
         now = time.monotonic()
         for s, tok in zip(step.items, tokens):
@@ -552,6 +558,7 @@ class LLMEngine:
         touched: set[str] = set()
         now = time.monotonic()
         drafting_on = self.runner.drafting_on(len(step.items))
+        gate_on = self.gate is not None
         emitted = full = 0  # for the gate: tokens of the requests whose drafts max_tokens did not cut
         for s, vals in zip(step.items, rows):
             req = s.req
@@ -560,7 +567,7 @@ class LLMEngine:
             nd = len(req.spec_token_ids)
             toks = vals[: min(vals[q], nd) + 1]
             n_acc = len(toks) - 1
-            if nd and req.max_tokens - req.num_output_tokens > 2 * q:
+            if gate_on and self._gate_sample(req, nd):
                 emitted, full = emitted + len(toks), full + 1
             if nd:
                 self.spec_stats.observe(nd, n_acc)
@@ -569,7 +576,8 @@ class LLMEngine:
             if self._commit(req, toks, None, now, touched):
                 d = vals[q + 1 : q + 1 + max_drafts]
                 req.spec_token_ids = d if d and d[0] >= 0 else []
-        self._step_info = (SPEC, len(step.items), emitted / full if full else None)
+        if gate_on:
+            self._step_info = (SPEC, len(step.items), emitted / full if full else None)
         self._maybe_log()
         return self._outputs_for(touched)
 
@@ -585,12 +593,9 @@ class LLMEngine:
         items = sched.scheduled
         if self.gate is not None and all(s.num_new_tokens == 1 and s.samples for s in items):  # what it times
             outs = [result.outputs[s.req.request_id] for s in items]
-            kind = SPEC if any(o.num_draft for o in outs) else ("transition" if result.drafts else PLAIN)
-            far = 2 * (self.num_spec + 1)  # drafts not cut by max_tokens (the gate's acceptance)
+            kind = SPEC if any(o.num_draft for o in outs) else (TRANSITION if result.drafts else PLAIN)
             full = [
-                len(o.new_token_ids)
-                for s, o in zip(items, outs)
-                if o.num_draft and s.req.max_tokens - s.req.num_output_tokens > far
+                len(o.new_token_ids) for s, o in zip(items, outs) if self._gate_sample(s.req, o.num_draft)
             ]
             self._step_info = (kind, len(items), sum(full) / len(full) if full else None)
         touched: set[str] = set()

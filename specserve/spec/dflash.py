@@ -183,11 +183,9 @@ class DFlashProposer(Proposer):
         """The context K/V of a plain decode step's input tokens (one per request, at the target's q=1 slots;
         padding rows have slot -1 and write nothing), as a bucketed graph after the target's (Proposer)."""
         from specserve.runner.cuda_graphs import BucketedGraphs
-        from specserve.spec.drafter_utils import drafter_graph_mode
 
-        spec = self.runner.config.speculative_config
-        padded, capture = drafter_graph_mode(self.runner)
-        if self.graphs is None or not padded or (spec is not None and spec.enforce_eager) or buf.q != 1:
+        capture = self._graph_step_mode()
+        if capture is None or buf.q != 1:
             return False
         runner = self.runner
 
@@ -202,7 +200,7 @@ class DFlashProposer(Proposer):
             self._context_in = target.run(b)[1]
 
         self.context = BucketedGraphs(
-            "dflash context step", fn, target.buckets, buf.device, bool(capture), target.pool, prepare=prepare
+            "dflash context step", fn, target.buckets, buf.device, capture, target.pool, prepare=prepare
         )
         self._context_in = None
         self._context_target = target

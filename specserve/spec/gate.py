@@ -22,7 +22,8 @@ Opt-in (vLLM always drafts), and not the demo's default: on SmolLM2 with the dem
 
 from __future__ import annotations
 
-SPEC, PLAIN = "spec", "plain"
+# a decode step's kind: it verified drafts / it neither verified nor proposed any / it proposed, verified none
+SPEC, PLAIN, TRANSITION = "spec", "plain", "transition"
 
 
 class SpeculationGate:
@@ -74,8 +75,8 @@ class SpeculationGate:
     def record(self, kind: str | None, b: int, now: float, tokens_per_request: float | None = None) -> None:
         """A step finished at ``now``: kind SPEC (it verified drafts; ``tokens_per_request`` = the mean number of
         tokens each request that drafted more than 2(K+1) tokens before its max_tokens got, None if none did:
-        drafts cut short near the end say nothing about the text), PLAIN (decode, no drafts verified or proposed), "transition" (decode, drafts
-        proposed but none verified) or None (anything with a prefill chunk). Updates the estimates, then the
+        drafts cut short near the end say nothing about the text), PLAIN (decode, no drafts verified or proposed), TRANSITION (decode, drafts
+        proposed but none verified: TRANSITION) or None (anything with a prefill chunk). Updates the estimates, then the
         state."""
         last, self._last = self._last, ((kind, b, now) if kind is not None else None)
         if kind is None:

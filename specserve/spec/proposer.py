@@ -104,18 +104,25 @@ class Proposer:
         finally:
             self._context_in = None
 
-    def _fused_step_mode(self, buf: Any, what: str) -> bool | None:
-        """The fused steps' shared gate: None when no fused step is built (no padded drafter graphs, or the spec
-        config's enforce_eager), else whether to capture it; the target batch must be q=K+1 with 2 aux ints."""
+    def _graph_step_mode(self) -> bool | None:
+        """The device-side steps' shared gate (fused step, context step): None when none is built (no padded
+        drafter graphs, or the spec config's enforce_eager), else whether to capture it."""
         from specserve.spec.drafter_utils import drafter_graph_mode
 
         spec = self.runner.config.speculative_config
         padded, capture = drafter_graph_mode(self.runner)
         if self.graphs is None or not padded or (spec is not None and spec.enforce_eager):
             return None
+        return bool(capture)
+
+    def _fused_step_mode(self, buf: Any, what: str) -> bool | None:
+        """``_graph_step_mode`` for a fused step: the target batch must be q=K+1 with 2 aux ints."""
+        capture = self._graph_step_mode()
+        if capture is None:
+            return None
         if buf.q != self.num_speculative_tokens + 1 or buf.num_aux < 2:
             raise ValueError(f"the fused {what} step needs the q=K+1 batch with 2 aux ints per request")
-        return bool(capture)
+        return capture
 
     def _capture_fused_step(
         self, name: str, fn: Any, target: Any, buf: Any, block_size: int, capture: bool
