@@ -172,20 +172,23 @@ def timed_generate(
 
 def step_ms(
     llm: Any, eng: Any, steps: dict[str, int], prompts: list, short: int, long: int, reps: int
-) -> tuple[float, int, int, float]:
+) -> tuple[float, int, int, float, list[float]]:
     """Milliseconds per decode step, from the difference of a ``long`` and a ``short`` generate (the prefill, the
-    first steps and the synchronous tail before max_tokens cancel out); the best of ``reps`` pairs. Also the
-    long run's steps, its pipelined steps, and its plain wall time per step (prefill included, the pre-s18
-    number)."""
-    best = None
+    first steps and the synchronous tail before max_tokens cancel out): the fastest long run minus the fastest
+    short run over ``reps`` of each, after one untimed short run in the current mode (its first pipelined steps
+    may compile or load kernels: session 28 saw a one-off ~0.5 s land in a timed short run and the best
+    *difference* of a pair then read 5.0 ms for a 7.9 ms step). Also the long run's steps, its pipelined steps,
+    its plain wall time per step (prefill included, the pre-s18 number) and every timed run's seconds (short
+    runs first)."""
+    timed_generate(llm, eng, steps, prompts, short)  # warm-up of this mode's pipelined path
+    shorts, longs = [], []
     for _ in range(reps):
-        t1, n1, _ = timed_generate(llm, eng, steps, prompts, short)
-        t2, n2, a2 = timed_generate(llm, eng, steps, prompts, long)
-        ms = 1e3 * (t2 - t1) / max(1, n2 - n1)
-        if best is None or ms < best[0]:
-            best = (ms, n2, a2, 1e3 * t2 / max(1, n2))
-    assert best is not None
-    return best
+        shorts.append(timed_generate(llm, eng, steps, prompts, short))
+        longs.append(timed_generate(llm, eng, steps, prompts, long))
+    t1, n1, _ = min(shorts)
+    t2, n2, a2 = min(longs)
+    runs = [round(t, 4) for t, _, _ in shorts + longs]
+    return 1e3 * (t2 - t1) / max(1, n2 - n1), n2, a2, 1e3 * t2 / max(1, n2), runs
 
 
 def run_config(
@@ -232,12 +235,15 @@ def run_config(
         eng.runner.profile = False
         dec = [t for t in eng.runner.timings[1:] if t[2] == b]  # skip the prefill step
         fused0 = eng.runner.num_fused_steps
-        ms, n2, pipelined, ms_incl = step_ms(llm, eng, steps, prompts, short_tokens, max_tokens, reps)
+        ms, n2, pipelined, ms_incl, runs = step_ms(llm, eng, steps, prompts, short_tokens, max_tokens, reps)
         fused = (eng.runner.num_fused_steps - fused0) // max(1, 2 * reps)  # per long + short pair
         sync_ms = sync_incl = None
+        sync_runs: list[float] = []
         if any(modes):
             eng.runner.async_scheduling = eng.runner.async_spec = False
-            sync_ms, _, _, sync_incl = step_ms(llm, eng, steps, prompts, short_tokens, max_tokens, reps)
+            sync_ms, _, _, sync_incl, sync_runs = step_ms(
+                llm, eng, steps, prompts, short_tokens, max_tokens, reps
+            )
             eng.runner.async_scheduling, eng.runner.async_spec = modes
         med = lambda xs: sorted(xs)[len(xs) // 2] if xs else 0.0  # noqa: E731
         rows.append(
@@ -258,6 +264,8 @@ def run_config(
                 "step_ms_incl_prefill": round(ms_incl, 3),
                 "step_ms_incl_prefill_no_async": None if sync_incl is None else round(sync_incl, 3),
                 "tokens": [short_tokens, max_tokens],
+                "run_s": runs,
+                "run_s_no_async": sync_runs,
                 "profiled_wall_s": round(wall, 3),
                 "weight_bytes": weight_bytes,
             }
@@ -305,7 +313,7 @@ def main() -> int:
         default=64,
         help="tokens per request of the short run subtracted from the long one (ms per step = the difference)",
     )
-    ap.add_argument("--reps", type=int, default=2, help="pairs of timed runs; the best pair counts")
+    ap.add_argument("--reps", type=int, default=2, help="timed runs of each length; the fastest of each counts")
     ap.add_argument("--skip-hf", action="store_true")
     ap.add_argument("--skip-eager", action="store_true")
     ap.add_argument(
