@@ -127,19 +127,36 @@ def test_identical_to_sync(k, batch, often_qwen3_dir, dflash_dir):
     assert any(0 < nd < k for nd, _ in obs_want)
 
 
-def test_identical_to_sync_on_the_fused_kernels(often_qwen3_dir, dflash_dir):
+def test_identical_to_sync_on_the_fused_kernels(often_qwen3_dir, dflash_dir, monkeypatch):
     """The GPU's path: the fused Triton kernels (interpreted here, hence short), whose async step inputs come from
     one bookkeeping kernel (spec/step_kernels.py) instead of the torch ops; batch 1 takes one-row column views.
-    Batches of several requests run that kernel in test_step_kernels.py."""
+    Batches of several requests run that kernel in test_step_kernels.py. The engine's start launches that kernel
+    in every form the pipelined steps then use (Triton compiles per form: with ``into``, by pointer alignment and
+    unit strides), so no compile lands in a request (session 28: the warm-up compiled a form no step used)."""
+    import specserve.spec.step_kernels as sk
+
+    forms: list[tuple] = []
+    real = sk.async_step_inputs
+
+    def spy(packed, nd, budget, first, bt, k, bs, into=None):  # type: ignore[no-untyped-def]
+        ts = [packed, nd, budget, first, bt, *(into or ())]
+        strides = (packed.stride(0), bt.stride(0), into[4].stride(0) if into else 0)
+        forms.append((into is not None, tuple(t.data_ptr() % 16 == 0 for t in ts), tuple(s == 1 for s in strides)))
+        return real(packed, nd, budget, first, bt, k, bs, into=into)
+
+    monkeypatch.setattr(sk, "async_step_inputs", spy)
     kw = dict(attention_backend="triton")
     sync = _llm(often_qwen3_dir, dflash_dir, 4, False, **kw)
     asy = _llm(often_qwen3_dir, dflash_dir, 4, True, **kw)
     assert asy.engine.runner.backend.fused
+    warmed, n_warm = set(forms), len(forms)
+    assert all(f[0] for f in warmed)  # the form launch_spec runs
     # 12 tokens (interpreted steps are slow): 8 steps, a draft accepted at the 4th, drafts cut by the budget at the end
     params = [SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)]
     obs_want = _same_as_sync(sync, asy, PROMPTS[:1], params)
     assert len({na for nd, na in obs_want if nd == 4}) >= 2
     assert any(0 < nd < 4 for nd, _ in obs_want)
+    assert len(forms) > n_warm and set(forms[n_warm:]) <= warmed
 
 
 def test_identical_to_sync_eagle3(often_qwen3_dir, tmp_path):

@@ -458,13 +458,18 @@ class ModelRunner:
 
     def _warm_async_step_inputs(self) -> None:
         """Compile the async step's bookkeeping kernel (``launch_spec``) now rather than at the first pipelined
-        step (Triton compiles on first use, per pointer alignment: the block tables of each bucket's layout)."""
+        step: Triton compiles on first use per variant and pointer alignment, so each bucket's static inputs are
+        written once as ``launch_spec`` writes them (``into``: that variant; session 28 found the warm-up compiling
+        the other one, and the first pipelined request of a fresh process paying ~0.5 s), then filled again."""
         k = self.num_speculative_tokens
-        buf = self.padded[k + 1]
+        q, buf = k + 1, self.padded[k + 1]
         packed = torch.full((1, 2 * k + 2), -1, dtype=torch.int64, device=self.device)
         zero = torch.zeros(1, dtype=torch.int64, device=self.device)
-        for b in self.graphs[k + 1].buckets:
-            self._async_step_inputs(packed, zero, zero, zero, buf.views(b).bt[:1], k, self.block_size)
+        for b in self.graphs[q].buckets:
+            v = buf.views(b)
+            into = (v.ids[:q], v.pos[:q], v.slots[:q], v.seq[:1], v.aux[:1])
+            self._async_step_inputs(packed, zero, zero, zero, v.bt[:1], k, self.block_size, into=into)
+            buf.fill(b, [], self.block_size)
 
     def _padded_path(self) -> bool:
         """Decode / verify (and prefill) steps padded to static shapes: ``padded_decode``, by default on CUDA."""
