@@ -141,7 +141,9 @@ def test_identical_to_sync_on_the_fused_kernels(often_qwen3_dir, dflash_dir, mon
     def spy(packed, nd, budget, first, bt, k, bs, into=None):  # type: ignore[no-untyped-def]
         ts = [packed, nd, budget, first, bt, *(into or ())]
         strides = (packed.stride(0), bt.stride(0), into[4].stride(0) if into else 0)
-        forms.append((into is not None, tuple(t.data_ptr() % 16 == 0 for t in ts), tuple(s == 1 for s in strides)))
+        forms.append(
+            (into is not None, tuple(t.data_ptr() % 16 == 0 for t in ts), tuple(s == 1 for s in strides))
+        )
         return real(packed, nd, budget, first, bt, k, bs, into=into)
 
     monkeypatch.setattr(sk, "async_step_inputs", spy)
