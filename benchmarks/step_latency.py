@@ -236,7 +236,8 @@ def run_config(
         dec = [t for t in eng.runner.timings[1:] if t[2] == b]  # skip the prefill step
         fused0 = eng.runner.num_fused_steps
         ms, n2, pipelined, ms_incl, runs = step_ms(llm, eng, steps, prompts, short_tokens, max_tokens, reps)
-        fused = (eng.runner.num_fused_steps - fused0) // max(1, 2 * reps)  # per long + short pair
+        # per generate: the warm-up and the 2 x reps timed runs of step_ms
+        fused = (eng.runner.num_fused_steps - fused0) // (2 * reps + 1)
         sync_ms = sync_incl = None
         sync_runs: list[float] = []
         if any(modes):
@@ -313,7 +314,9 @@ def main() -> int:
         default=64,
         help="tokens per request of the short run subtracted from the long one (ms per step = the difference)",
     )
-    ap.add_argument("--reps", type=int, default=2, help="timed runs of each length; the fastest of each counts")
+    ap.add_argument(
+        "--reps", type=int, default=2, help="timed runs of each length; the fastest of each counts"
+    )
     ap.add_argument("--skip-hf", action="store_true")
     ap.add_argument("--skip-eager", action="store_true")
     ap.add_argument(
