@@ -7,8 +7,8 @@ lands in some user's request (session 28: the pipelined speculative step's bookk
 request of a fresh process). Each configuration runs in its own process with its own ``TRITON_CACHE_DIR``, seeded
 with the plain run's cache (so the kernels every configuration shares are loaded, not compiled, at start); a new
 cache entry that appears while a request runs is a kernel compiled inside it. Per configuration it prints the
-engine's start time, and per request (greedy, random prompt ids; batch 1, then 3, then 1 again) its wall time and
-the kernels compiled during it. ``--no-warm`` runs a configuration with the async step's warm-up disabled (the
+engine's start time, and per request (greedy, random prompt ids; batch 1, then 3, then 1 again, then a batch of
+three prompts of 16 / 200 / 600 tokens x 320 tokens twice) its wall time and the kernels compiled during it. ``--no-warm`` runs a configuration with the async step's warm-up disabled (the
 state before session 28's fix) for comparison. Random weights (``load_format="dummy"``): speed and compiles only.
 """
 
@@ -49,7 +49,7 @@ def worker(args: argparse.Namespace) -> None:
     cache = Path(os.environ["TRITON_CACHE_DIR"])
     spec = json.loads(args.spec) if args.spec else None
     t0 = time.perf_counter()
-    llm = LLM(args.config_dir, load_format="dummy", dtype="bfloat16", device=args.device, max_model_len=1024,
+    llm = LLM(args.config_dir, load_format="dummy", dtype="bfloat16", device=args.device, max_model_len=2048,
               max_num_seqs=4, enable_prefix_caching=False, gpu_memory_utilization=0.4,
               speculative_config=spec)  # fmt: skip
     start_s = time.perf_counter() - t0
@@ -57,17 +57,27 @@ def worker(args: argparse.Namespace) -> None:
     g = torch.Generator().manual_seed(0)
     sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
     reqs = []
-    for b in (1, 3, 1):
-        prompts = [{"prompt_token_ids": torch.randint(100, min(vocab, 40000), (128,), generator=g).tolist()}]
-        prompts = prompts * b
+    # (name, prompt lengths, max_tokens): one prompt, three, the first again; then three prompts of different lengths
+    # (a mixed prefill + decode batch, contexts growing past 256 / 512 / 1024 tokens: split counts the eager paths
+    # pick by context length), twice
+    plan = [("b1", [128], 96), ("b3", [128] * 3, 96), ("b1 again", [128], 96),
+            ("mixed", [16, 200, 600], 320), ("mixed again", [16, 200, 600], 320)]  # fmt: skip
+    for name, lens, max_tokens in plan:
+        prompts = [
+            {"prompt_token_ids": torch.randint(100, min(vocab, 40000), (n,), generator=g).tolist()}
+            for n in lens
+        ]
+        if name == "b3":
+            prompts = [prompts[0]] * 3
         before = _entries(cache)
         sync()
         t = time.perf_counter()
-        llm.generate(prompts, SamplingParams(temperature=0, max_tokens=96, ignore_eos=True), use_tqdm=False)
+        sp = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+        llm.generate(prompts, sp, use_tqdm=False)
         sync()
         wall = time.perf_counter() - t
         new = sorted(e.split("/", 1)[1] for e in _entries(cache) - before)
-        reqs.append({"batch": b, "wall_s": round(wall, 4), "compiled": new})
+        reqs.append({"request": name, "batch": len(lens), "wall_s": round(wall, 4), "compiled": new})
     r = llm.engine.runner
     print(json.dumps({"label": args.label, "start_s": round(start_s, 2), "requests": reqs,
                       "async_spec_steps": r.num_async_spec_steps, "async_steps": r.num_async_steps}))  # fmt: skip
@@ -119,12 +129,11 @@ def main() -> int:
         print(json.dumps(row), flush=True)
         if spec is None and not base.exists() and cache.is_dir():
             shutil.copytree(cache, base)
-    print(f"\n{'config':38} {'start s':>7}  requests (batch: wall s, kernels compiled inside it)")
+    print(f"\n{'config':38} {'start s':>7}  request      wall        kernels compiled inside it")
     for r in rows:
-        reqs = "; ".join(
-            f"b{q['batch']}: {q['wall_s']:.3f} s, {', '.join(q['compiled']) or 'none'}" for q in r["requests"]
-        )
-        print(f"{r['label']:38} {r['start_s']:>7.1f}  {reqs}")
+        for i, q in enumerate(r["requests"]):
+            head = f"{r['label']:38} {r['start_s']:>7.1f}" if i == 0 else " " * 46
+            print(f"{head}  {q['request']:12} {q['wall_s']:7.3f} s  {', '.join(q['compiled']) or '-'}")
     if args.out:
         sys.path.insert(0, str(Path(__file__).resolve().parent))
         from step_latency import result_meta  # type: ignore[import-not-found]
