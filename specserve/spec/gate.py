@@ -73,11 +73,11 @@ class SpeculationGate:
         return x if old is None else old + max(self.alpha, 1.0 / n) * (x - old)
 
     def record(self, kind: str | None, b: int, now: float, tokens_per_request: float | None = None) -> None:
-        """A step finished at ``now``: kind SPEC (it verified drafts; ``tokens_per_request`` = the mean number of
-        tokens each request that drafted more than 2(K+1) tokens before its max_tokens got, None if none did:
-        drafts cut short near the end say nothing about the text), PLAIN (decode, no drafts verified or proposed), TRANSITION (decode, drafts
-        proposed but none verified: TRANSITION) or None (anything with a prefill chunk). Updates the estimates, then the
-        state."""
+        """A step finished at ``now``. ``kind``: SPEC (it verified drafts; ``tokens_per_request`` = the mean number
+        of tokens each request that drafted more than 2(K+1) tokens before its max_tokens got, None if none did:
+        drafts cut short near the end say nothing about the text), PLAIN (a decode step that neither verified nor
+        proposed drafts), TRANSITION (a decode step that proposed drafts but verified none) or None (anything with a
+        prefill chunk). Updates the estimates, then the state."""
         last, self._last = self._last, ((kind, b, now) if kind is not None else None)
         if kind is None:
             # a prefill: a new request's text may accept differently: the back-off halves, the wait with it
