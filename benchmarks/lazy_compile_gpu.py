@@ -1,6 +1,7 @@
 """Triton kernels compiled after the engine has started, i.e. inside requests, per configuration (GPU).
 
-    python benchmarks/lazy_compile_gpu.py --config-dir DIR [--dflash DIR] [--eagle3 DIR] [--out FILE]
+    python benchmarks/lazy_compile_gpu.py --config-dir DIR [--dflash DIR] [--eagle3 DIR] [--draft-model DIR]
+        [--out FILE]
 
 A server should compile everything while it starts (graph capture and warm-ups): a kernel compiled at its first use
 lands in some user's request (session 28: the pipelined speculative step's bookkeeping kernel, ~0.5 s in the first
@@ -88,6 +89,7 @@ def main() -> int:
     ap.add_argument("--config-dir", required=True)
     ap.add_argument("--dflash", default=None)
     ap.add_argument("--eagle3", default=None)
+    ap.add_argument("--draft-model", default=None, help="a draft model (vLLM's draft_model, K=4)")
     ap.add_argument("--k", type=int, default=15, help="DFlash's K (EAGLE-3 runs K=7)")
     ap.add_argument("--out", default=None)
     ap.add_argument(WORKER, action="store_true", help=argparse.SUPPRESS)
@@ -106,6 +108,14 @@ def main() -> int:
     if args.eagle3:
         configs.append(
             ("eagle3 K=7", {"method": "eagle3", "model": args.eagle3, "num_speculative_tokens": 7}, False)
+        )
+    if args.draft_model:
+        configs.append(
+            (
+                "draft_model K=4",
+                {"method": "draft_model", "model": args.draft_model, "num_speculative_tokens": 4},
+                False,
+            )
         )
     root = Path(tempfile.mkdtemp(prefix="lazy-compile-"))
     base = root / "base"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -455,6 +456,12 @@ class ModelRunner:
             self._async_step_inputs = step_input_fns(self.backend.fused)[1]
             if self.async_spec and self.backend.fused:
                 self._warm_async_step_inputs()
+        if capture and self.proposer is not None:
+            t0 = time.perf_counter()
+            n = self.proposer.warm_eager_passes()
+            torch.cuda.synchronize(dev)
+            if n:
+                logger.info("warmed %d eager drafter passes in %.2fs", n, time.perf_counter() - t0)
 
     def _warm_async_step_inputs(self) -> None:
         """Compile the async step's bookkeeping kernel (``launch_spec``) now rather than at the first pipelined
@@ -691,7 +698,9 @@ class ModelRunner:
         qsl = [0]
         for n in q_lens:
             qsl.append(qsl[-1] + n)
-        width = max((len(b) for b in block_tables), default=1) or 1
+        # one width for every eager step, the graphs' (a block table's row stride is a Triton kernel argument, and
+        # Triton compiles a form per stride class: 1, a multiple of 16, other)
+        width = max([self.max_blocks_per_seq, *(len(b) for b in block_tables)])
         bt = torch.zeros((len(block_tables), width), dtype=torch.int32)
         for i, b in enumerate(block_tables):
             if b:

@@ -26,7 +26,9 @@ from specserve.spec.drafter_utils import (
     drafter_graph_mode,
     drafter_split_gemm,
     paged_slots,
+    prefill_warm_lengths,
     scatter_drafts,
+    warm_meta,
 )
 from specserve.spec.proposer import DraftInput, Proposer
 
@@ -196,6 +198,18 @@ class DraftModelProposer(Proposer):
             return torch.cat([packed, torch.where(active[:, None], drafts, -1)], 1)
 
         return self._capture_fused_step("draft model fused step", fn, target, buf, bs, capture)
+
+    @torch.inference_mode()
+    def warm_eager_passes(self) -> int:
+        """``propose``'s first pass over a new prompt's rows (eager: its row count is the prompt's) at one length
+        per attention form (``prefill_warm_lengths``), writing no KV."""
+        runner, c = self.runner, self.model.config
+        lengths = prefill_warm_lengths(c.num_attention_heads, c.num_key_value_heads, c.head_dim)
+        for q in lengths:
+            positions, meta = warm_meta(runner, q)
+            hidden, _ = self.model(torch.zeros(q, dtype=torch.long, device=runner.device), positions, meta)
+            argmax_last(self.model.compute_logits(hidden[-1:]))
+        return len(lengths)
 
     def propose(self, inputs: list[DraftInput], features: torch.Tensor | None) -> list[list[int]]:
         runner, dev = self.runner, self.runner.device

@@ -97,6 +97,39 @@ class PagedBatch:
         return torch.tensor(self.positions, dtype=torch.long, device=self.runner.device), meta
 
 
+def prefill_warm_lengths(num_heads: int, num_kv_heads: int, head_dim: int) -> list[int]:
+    """Prompt lengths whose first eager drafter pass (rows = context = the prompt) takes every kernel form a new
+    prompt's pass can take. Triton compiles a form per constexpr set and per integer argument's class (1, a multiple
+    of 16, other); what varies with the row count q: the attention's query tile (``select_attention_config``: q x
+    GQA group, capped at 128), whether q fits one tile (then q, RoPE and the K/V store run inside the attention
+    kernel where its q prologue is small enough: a threshold in q), whether the projections take the split-K GEMMs
+    (q <= 16) and the classes of q itself. So: the first and the last q of each such class up to one past the
+    largest tile (the thresholds are monotone in q). A fresh prompt's pass never splits its keys (at most 64 rows
+    split, and only from 2 x 64 keys on)."""
+    from specserve.layers.linear import SPLIT_MAX_ROWS
+    from specserve.layers.triton_attention import select_attention_config
+
+    first: dict[tuple, int] = {}
+    last: dict[tuple, int] = {}
+    top = 0
+    q = 0
+    while q <= top or q < 2:
+        q += 1
+        cfg = select_attention_config(num_heads, num_kv_heads, head_dim, q)
+        top = max(top, cfg.queries_per_tile)
+        key = (cfg.block_m, q > cfg.queries_per_tile, q <= SPLIT_MAX_ROWS, q == 1, q % 16 == 0)
+        first.setdefault(key, q)
+        last[key] = q
+    return sorted(set(first.values()) | set(last.values()))
+
+
+def warm_meta(runner: ModelRunner, q: int) -> tuple[torch.Tensor, AttnMetadata]:
+    """(positions, metadata) of one request's first ``q`` rows that write no KV (slots -1), for warm-ups."""
+    table = [0] * -(-q // runner.block_size)
+    meta = runner.build_metadata([q], [q], [table], [-1] * q)
+    return torch.arange(q, dtype=torch.long, device=runner.device), meta
+
+
 def scatter_drafts(inputs: list[Any], drafting: list[int], rows: list[list[int]]) -> list[list[int]]:
     """Per input its drafts: row j of ``rows`` for input ``drafting[j]``, cut to its ``max_drafts``; none for the
     others."""

@@ -17,7 +17,9 @@ from specserve.spec.drafter_utils import (
     drafter_graph_mode,
     load_drafter_checkpoint,
     paged_slots,
+    prefill_warm_lengths,
     scatter_drafts,
+    warm_meta,
 )
 from specserve.spec.proposer import DraftInput, Proposer
 
@@ -191,6 +193,23 @@ class Eagle3Proposer(Proposer):
         self.e_hidden[:n].copy_(hidden)
         rest = self.graphs.run(b)[:n]
         return scatter_drafts(inputs, drafting, torch.cat([tok[:, None], rest], 1).tolist())
+
+    @torch.inference_mode()
+    def warm_eager_passes(self) -> int:
+        """``propose``'s first pass over a new prompt's rows (eager: its row count is the prompt's) at one length
+        per attention form (``prefill_warm_lengths``), writing no KV."""
+        if self.cache is None:
+            return 0
+        runner, c = self.runner, self.model.cfg
+        dev, width = runner.device, len(self._taps) * runner.model_config.hidden_size
+        lengths = prefill_warm_lengths(c.num_attention_heads, c.num_key_value_heads, c.head_dim)
+        for q in lengths:
+            positions, meta = warm_meta(runner, q)
+            hidden_in = self.model.fc(torch.zeros((q, width), dtype=runner.dtype, device=dev))
+            embeds = self._embed(torch.zeros(q, dtype=torch.long, device=dev))
+            _, normed = self.model(embeds, hidden_in, positions, meta, self.cache, runner.backend)
+            self._draft_tokens(normed[-1:])
+        return len(lengths)
 
     def _embed(self, ids: torch.Tensor) -> torch.Tensor:
         emb = self.model.embed_tokens or self.runner.model.embed_tokens

@@ -63,6 +63,13 @@ class Proposer:
     def propose(self, inputs: list[DraftInput], features: torch.Tensor | None) -> list[list[int]]:
         raise NotImplementedError
 
+    def warm_eager_passes(self) -> int:
+        """Run, once at start, the eager passes ``propose`` makes outside the graphs (a new prompt's first pass
+        over its rows), at one prompt length per form the attention kernel compiles for them, so that Triton
+        compiles those forms now rather than inside the first requests. No KV is written. Returns the passes
+        run (0: nothing eager to warm)."""
+        return 0
+
     def setup_fused_step(self, target: Any, buf: Any) -> bool:
         """Build the drafter half of the device-resident greedy step (see ``DFlashProposer``, ``Eagle3Proposer``) on the target's
         q=K+1 graphs ``target`` and their static inputs ``buf``; False when this proposer has none (then every
