@@ -12,7 +12,8 @@ decoding (random drafter weights too: ms per engine step, whatever it accepts), 
 "num_speculative_tokens": 15}'``.
 
 Per value: a fresh engine (the knob is read at start / capture), ms per engine step over 64 greedy tokens after a
-128-token prompt (``--tokens``, ``--prompt-len``; ``--max-model-len`` 2048) (best of 3 runs), whether the greedy
+128-token prompt (``--tokens``, ``--prompt-len``; ``--max-model-len`` 2048) (best of 3 runs, prefill included; with
+``--short-tokens N``: step_latency.py's difference of the fastest ``--tokens`` and N-token runs), whether the greedy
 tokens equal the first value's (random bf16 weights: a GEMM's accumulation order may flip a near-tie), and the
 weight-read floor of step_latency.py measured in the same run.
 """
@@ -30,7 +31,14 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from step_latency import copy_bandwidth, count_steps, read_bandwidth, read_weight_bytes, result_meta  # noqa: E402
+from step_latency import (  # noqa: E402
+    copy_bandwidth,
+    count_steps,
+    read_bandwidth,
+    read_weight_bytes,
+    result_meta,
+    step_ms,
+)
 
 
 def main() -> int:
@@ -41,6 +49,14 @@ def main() -> int:
     ap.add_argument("--batches", nargs="+", type=int, default=[1])
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--prompt-len", type=int, default=128, help="random prompt tokens per request")
+    ap.add_argument(
+        "--short-tokens",
+        type=int,
+        default=0,
+        help="time as step_latency.py does: (fastest --tokens run - fastest run of this many) / steps between "
+        "(0: best of 3 runs of --tokens, prefill included)",
+    )
+    ap.add_argument("--reps", type=int, default=2, help="with --short-tokens: timed runs of each length")
     ap.add_argument("--max-model-len", type=int, default=2048)
     ap.add_argument(
         "--spec", default=None, help="a speculative config (JSON): its step instead of plain decode"
@@ -55,7 +71,9 @@ def main() -> int:
     g = torch.Generator().manual_seed(0)
     vocab = json.loads((Path(args.config_dir) / "config.json").read_text())["vocab_size"]
     lo, hi = min(1000, vocab // 2), min(100000, vocab)  # random prompt ids inside the vocabulary
-    prompts = [torch.randint(lo, hi, (args.prompt_len,), generator=g).tolist() for _ in range(max(args.batches))]
+    prompts = [
+        torch.randint(lo, hi, (args.prompt_len,), generator=g).tolist() for _ in range(max(args.batches))
+    ]
     rows: list[dict] = []
     ref: dict[int, list] = {}
     original = dict(os.environ)
@@ -80,12 +98,15 @@ def main() -> int:
             ps = [{"prompt_token_ids": p} for p in prompts[:b]]
             sp = SamplingParams(temperature=0, max_tokens=args.tokens, ignore_eos=True)
             toks = [o.outputs[0].token_ids for o in llm.generate(ps, sp)]  # warm-up, and the tokens
-            best = float("inf")
-            for _ in range(3):
-                steps["n"] = 0
-                t0 = time.perf_counter()
-                llm.generate(ps, sp)
-                best = min(best, 1e3 * (time.perf_counter() - t0) / max(1, steps["n"]))
+            if args.short_tokens:  # step_latency.py's timing: (fastest long - fastest short) / steps between
+                best, *_ = step_ms(llm, llm.engine, steps, ps, args.short_tokens, args.tokens, args.reps)
+            else:
+                best = float("inf")
+                for _ in range(3):
+                    steps["n"] = 0
+                    t0 = time.perf_counter()
+                    llm.generate(ps, sp)
+                    best = min(best, 1e3 * (time.perf_counter() - t0) / max(1, steps["n"]))
             same = ref.setdefault(b, toks) == toks
             common = sum(
                 next((i for i, (x, y) in enumerate(zip(a, r)) if x != y), len(a))
