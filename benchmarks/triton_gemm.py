@@ -2,12 +2,14 @@
 and what programmatic dependent launch buys between a GEMM and the small kernel after it (issue #6, session 13).
 
     python benchmarks/triton_gemm.py [--rows 1 16] [--quick] [--out FILE] [--best-env FILE]
+        [--tiles1 BN:BK:stages:warps ...] [--tiles16 ...] [--splits qkv=4/8/16,o=8/16,down=8/16] [--lean]
 
 Per projection (qkv 4096->6144, o 4096->4096, gate_up 4096->2x12288 with the SiLU-mul, down 12288->4096) and row
 count, us per layer in one CUDA graph of 36 distinct weights (cold reads, as in a decode step):
   * ``cublas``: the engine's path before this session: a 4-way ``torch.bmm`` over K slices with fp32 partials
     (gate_up: ``torch.mm`` + the ``silu_mul`` kernel);
-  * ``triton S BN:BK:stages:warps``: the Triton kernel, PDL off;
+  * ``triton S BN:BK:stages:warps``: the Triton kernel, PDL off (gate_up split S ways too with ``--splits
+    gate_up=1/2/4``: the SiLU-mul after the last K slice of each column block);
   * ``chain``: each GEMM followed by the add + RMSNorm kernel that sums its partials (the engine's consumer of o /
     down; for qkv a stand-in of ``rope_store``; gate_up: none), cuBLAS vs the best Triton tile with PDL off and
     on (``SPECSERVE_PDL``).
@@ -51,7 +53,7 @@ GATE_UP_1 = [(64, 32, 4, 4), (32, 64, 4, 4), (64, 64, 3, 4), (128, 32, 4, 4)]
 
 def run_triton(name: str, x: torch.Tensor, w: torch.Tensor, s: int) -> torch.Tensor:
     if name == "gate_up":
-        return ts.gate_up_silu(x, w, w.shape[1] // 2)
+        return ts.gate_up_silu(x, w, w.shape[1] // 2, splits=s)
     return ts.splitk_partials(x, w, s, name)
 
 
@@ -73,7 +75,24 @@ def main() -> int:
     ap.add_argument(
         "--chain-only", action="store_true", help="the engine's default tiles: no sweep, only chains"
     )
+    ap.add_argument("--tiles1", nargs="*", default=[], help="more one-row tiles to sweep: BN:BK:stages:warps")
+    ap.add_argument("--gate-up-tiles1", nargs="*", default=[], help="more one-row gate_up tiles")
+    ap.add_argument(
+        "--tiles16", nargs="*", default=[], help="more 2-16-row tiles to sweep: BN:BK:stages:warps"
+    )
+    ap.add_argument(
+        "--splits",
+        default="",
+        help="split counts to sweep instead of the defaults: qkv=2/4/8,o=4/8,down=8/16",
+    )
+    ap.add_argument("--lean", action="store_true", help="2-16 rows: only the split of the one-row best")
     args = ap.parse_args()
+    tiles_1 = TILES_1 + [tuple(int(v) for v in t.split(":")) for t in args.tiles1]
+    tiles_16 = TILES_16 + [tuple(int(v) for v in t.split(":")) for t in args.tiles16]
+    sweep_splits = dict(SPLITS)
+    for part in filter(None, args.splits.split(",")):
+        nm, _, vals = part.partition("=")
+        sweep_splits[nm] = tuple(int(v) for v in vals.split("/"))
     dev = torch.device("cuda")
     bw = copy_bandwidth()
     print(f"{torch.cuda.get_device_name()}, DRAM (copy traffic) {bw / 1e12:.2f} TB/s", flush=True)
@@ -108,14 +127,19 @@ def main() -> int:
             cls = 1 if m == 1 else 16
             if args.chain_only:  # the engine's tiles and splits
                 os.environ.pop("SPECSERVE_TRITON_GEMM_TILES", None)
-                t = ts.tile_for(name, m)
+                t = ts.tile_for(
+                    name, m, "kn", dev, (k, n // 2 if name == "gate_up" else n, SPLITS_DEFAULT[name])
+                )
                 s = SPLITS_DEFAULT[name]
                 tile = (t.block_n, t.block_k, t.stages, t.warps)
                 best[(name, cls)] = (report(f"triton S={s} " + ":".join(map(str, tile)),
                                             lambda: [run_triton(name, x, w, s) for w in ws],
                                             run_triton(name, x, ws[0], s)), s, tile)  # fmt: skip
-            tiles = GATE_UP_1 if (name == "gate_up" and m == 1) else TILES_1 if m == 1 else TILES_16
-            splits = SPLITS[name]
+            gate_up_1 = GATE_UP_1 + [tuple(int(v) for v in t.split(":")) for t in args.gate_up_tiles1]
+            tiles = gate_up_1 if (name == "gate_up" and m == 1) else tiles_1 if m == 1 else tiles_16
+            splits = sweep_splits[name]
+            if args.lean and cls == 16 and (name, 1) in best:
+                splits = (best[(name, 1)][1],)  # the split of the one-row best (one split serves all rows)
             if args.quick:
                 tiles, splits = tiles[:1], splits[:1]
             for s in [] if args.chain_only else splits:
@@ -177,7 +201,11 @@ def main() -> int:
         print(f"  {key[0]}@{key[1]}: {us:.2f} us S={s} {tile}")
     if args.best_env:
         tiles = ",".join(f"{nm}@{c}=" + ":".join(map(str, t)) for (nm, c), (_, _, t) in sorted(best.items()))
-        split = ",".join(f"{nm}={best[(nm, 1)][1]}" for nm in ("qkv", "o", "down") if (nm, 1) in best)
+        split = ",".join(
+            f"{nm}={best[(nm, 1)][1]}"
+            for nm in ("qkv", "o", "down", "gate_up")
+            if (nm, 1) in best and (nm != "gate_up" or best[(nm, 1)][1] > 1)
+        )
         Path(args.best_env).write_text(
             f"export SPECSERVE_TRITON_GEMM_TILES='{tiles}'\nexport SPECSERVE_SPLIT_GEMM_BEST='{split}'\n"
         )

@@ -176,7 +176,10 @@ def test_split_gemm_config(monkeypatch):
     assert split_gemm_config("cuda", "kn", triton_gemm=True) == {"qkv": 8, "o": 8, "down": 8}
     assert split_gemm_config("cuda", "nk", triton_gemm=True) == {"qkv": 3, "o": 3, "down": 4}
     assert split_gemm_config("cpu", "nk", triton_gemm=True) == {}
-    for bad in ("gate_up=2", "o=x", "o=0"):
+    monkeypatch.setenv("SPECSERVE_SPLIT_GEMM", "qkv=2,gate_up=2")
+    assert split_gemm_config("cuda", "kn") == {"qkv": 2}  # gate_up splits only on the Triton kernel
+    assert split_gemm_config("cuda", "kn", triton_gemm=True) == {"qkv": 2, "gate_up": 2}
+    for bad in ("up=2", "o=x", "o=0"):
         monkeypatch.setenv("SPECSERVE_SPLIT_GEMM", bad)
         with pytest.raises(ValueError, match="SPECSERVE_SPLIT_GEMM"):
             split_gemm_config("cuda", "kn")
@@ -282,7 +285,8 @@ def test_engine_tokens_unchanged_with_triton_gemm(fixture, request, tmp_path, mo
 
     path = request.getfixturevalue(fixture)
     monkeypatch.setenv("SPECSERVE_WEIGHT_LAYOUT", "kn")
-    monkeypatch.setenv("SPECSERVE_SPLIT_GEMM", "qkv=2,o=2,down=4")
+    # gate_up in 2 K slices: its SiLU-mul after the last slice of each column block
+    monkeypatch.setenv("SPECSERVE_SPLIT_GEMM", "qkv=2,o=2,down=4,gate_up=2")
     monkeypatch.setenv("SPECSERVE_TRITON_GEMM_TILES", ENGINE_TILES)
     prompts = ["The capital of France is", "def f(x):"]
     sp = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
@@ -404,11 +408,17 @@ def test_triton_splitk_kernels_match_torch(dtype, rows, layout, pre, monkeypatch
     torch.testing.assert_close(parts.sum(0), xf @ wf, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(parts[2], xf[:, 32:48] @ wf[32:48], rtol=1e-5, atol=1e-5)
     wg = weight(k, 2 * n)
-    got = ts.gate_up_silu(x, wg, n)
     ref = silu_mul((xf @ wg.float()).to(dtype), n)
-    assert got.dtype == dtype and got.shape == (rows, n)
     tol = 1e-5 if dtype == torch.float32 else 2e-2  # bf16: one rounding of the GEMM output may differ (order)
-    torch.testing.assert_close(got.float(), ref.float(), rtol=tol, atol=tol)
+    for splits in (
+        1,
+        4,
+    ):  # 4: the last of each column block's 4 programs sums the partials, then the SiLU-mul
+        got = ts.gate_up_silu(x, wg, n, splits=splits)
+        assert got.dtype == dtype and got.shape == (rows, n)
+        torch.testing.assert_close(got.float(), ref.float(), rtol=tol, atol=tol)
+    assert torch.equal(ts.gate_up_silu(x, wg, n, splits=4), got)  # deterministic: the partials in split order
+    assert not ts._arrival_counters(x.device, 3).any()  # every arrival counter back at 0
 
 
 def test_triton_splitk_rejects_bad_shapes_and_settings(monkeypatch):
@@ -454,6 +464,19 @@ def test_triton_splitk_rejects_bad_shapes_and_settings(monkeypatch):
     assert ts.tile_for("qkv", 16, "nk") == ts.GemmTile(32, 32, 2, 4) and ts.tile_for("qkv", 16).block_n == 128
     with pytest.raises(ValueError, match="layout must be"):
         ts.tile_for("qkv", 16, "tn")
+    monkeypatch.delenv("SPECSERVE_TRITON_GEMM_TILES")
+    # a GPU's own tiles (an H100 here by name), for the transposed layout and where they fit the shape
+    monkeypatch.setattr(ts, "_device_family", lambda index: "H100")
+    cuda = torch.device("cuda", 0)
+    h100 = ts._DEVICE_TILES["H100"][("qkv", 1)]
+    assert h100 != ts.tile_for("qkv", 1) == ts.tile_for("qkv", 1, "kn", torch.device("cpu"))
+    assert ts.tile_for("qkv", 1, "kn", cuda) == ts.tile_for("qkv", 1, "kn", cuda, (4096, 6144, 8)) == h100
+    assert ts.tile_for("qkv", 1, "kn", cuda, (4096, 6144 - 256, 8)) == ts.tile_for("qkv", 1)  # N % 512 != 0
+    assert ts.tile_for("qkv", 1, "nk", cuda) == ts.tile_for("qkv", 1, "nk")
+    assert ts.tile_for("o", 1, "kn", cuda) == ts.tile_for("o", 1)  # no entry of its own
+    assert ts.tile_for("gate_up", 16, "kn", cuda) == ts._DEVICE_TILES["H100"][("gate_up", 16)]
+    monkeypatch.setenv("SPECSERVE_TRITON_GEMM_TILES", "qkv@1=64:32:2:4")  # the setting still comes first
+    assert ts.tile_for("qkv", 1, "kn", cuda) == ts.GemmTile(64, 32, 2, 4)
     monkeypatch.delenv("SPECSERVE_TRITON_GEMM_TILES")
     monkeypatch.setenv("SPECSERVE_TRITON_GEMM", "yes")
     with pytest.raises(ValueError, match="SPECSERVE_TRITON_GEMM must be"):

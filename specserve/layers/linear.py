@@ -158,7 +158,8 @@ def triton_gemm_enabled(device: torch.device | str) -> bool:
 def split_gemm_config(device: torch.device | str, layout: str, triton_gemm: bool = False) -> dict[str, int]:
     """Splits per projection (``qkv``, ``o``, ``down``) for the split-K decode GEMMs: on transposed weights those of
     :meth:`TransposedLinear.partials` or, when ``triton_gemm``, of the Triton kernels; on nn.Linear's layout
-    (``nk``) only with ``triton_gemm``. ``SPECSERVE_SPLIT_GEMM`` = ``qkv=S,o=S,down=S`` (``0``: none); default
+    (``nk``) only with ``triton_gemm``. ``SPECSERVE_SPLIT_GEMM`` = ``qkv=S,o=S,down=S`` (``0``: none; with
+    ``triton_gemm`` also ``gate_up=S``: the Triton gate_up + SiLU-mul over S K slices); default
     :data:`DEFAULT_SPLIT_GEMM` (Triton: :data:`DEFAULT_SPLIT_GEMM_TRITON`, nk: :data:`DEFAULT_SPLIT_GEMM_TRITON_NK`)
     on CUDA, none elsewhere (measured on the H200 only). A split of 1 keeps the projection in the Triton kernel
     (one partial) where ``triton_gemm``; without it, out of the split path."""
@@ -177,8 +178,12 @@ def split_gemm_config(device: torch.device | str, layout: str, triton_gemm: bool
         return out
     for part in raw.split(","):
         name, _, val = part.strip().partition("=")
-        if name not in ("qkv", "o", "down") or not val.isdigit() or int(val) < 1:
-            raise ValueError(f"SPECSERVE_SPLIT_GEMM: expected qkv=S,o=S,down=S (S >= 1), got {raw!r}")
+        if name not in ("qkv", "o", "down", "gate_up") or not val.isdigit() or int(val) < 1:
+            raise ValueError(
+                f"SPECSERVE_SPLIT_GEMM: expected qkv=S,o=S,down=S[,gate_up=S] (S >= 1), got {raw!r}"
+            )
+        if name == "gate_up" and not triton_gemm:  # only the Triton gate_up + SiLU-mul splits
+            continue
         if int(val) > 1 or triton_gemm:
             out[name] = int(val)
     return out

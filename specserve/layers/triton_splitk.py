@@ -22,7 +22,10 @@ things here attack that gap:
 * **One kernel per projection, no reduce kernel**: :func:`splitk_partials` writes S fp32 partial products over K
   slices, like :meth:`TransposedLinear.partials` (the consumer kernel sums them); :func:`gate_up_silu` computes the
   gate and up columns of the same outputs in one program and writes ``silu(gate) * up`` (no ``silu_mul`` kernel;
-  the engine uses it from :data:`GATE_UP_MIN_ROWS` rows). One row runs on the CUDA cores (a [BLOCK_K, BLOCK_N]
+  the engine uses it from :data:`GATE_UP_MIN_ROWS` rows); split over K slices too (``gate_up=S`` in
+  ``SPECSERVE_SPLIT_GEMM``), the last program of each column block to finish sums the fp32 partials in split order
+  (an arrival counter, as :func:`splitk_add`) before the SiLU-mul: a one-row step's I / BLOCK_N programs alone
+  leave SMs idle (session 29). One row runs on the CUDA cores (a [BLOCK_K, BLOCK_N]
   weight tile against a broadcast row); 2-16 rows on the tensor cores (``tl.dot`` with the rows padded to 16).
 
 Two more forms fold the add + RMSNorms in (session 19, ``SPECSERVE_FUSED_NORM``, models/llama.py): :func:`splitk_add`
@@ -51,6 +54,7 @@ runs under ``TRITON_INTERPRET=1`` on CPU tensors (without PDL), which is how the
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -128,15 +132,39 @@ _DEFAULT_TILES_NK = {
     ("down", 16): GemmTile(64, 64, 3, 4),
     ("gate_up", 16): GemmTile(32, 64, 3, 4),
 }
+# Per GPU (a substring of its name): the entries where that GPU's own sweep found other tiles faster, used where
+# they fit the shape. H100 SXM (session 29, benchmarks/results/h100-2026-12-05-s29: triton_gemm.py --lean on the
+# Qwen3-8B shape, then the engine A/B): gate_up at 16 rows 68.2 vs 71.4 us (the DFlash K=15 step 7.84 -> 7.72 ms),
+# qkv at one row 18.9 vs 19.7 us (the decode step 5.90 -> 5.89).
+_DEVICE_TILES = {
+    "H100": {
+        ("qkv", 1): GemmTile(512, 32, 3, 8),
+        ("gate_up", 16): GemmTile(128, 64, 3, 4),
+    },
+}
 _NAMES = ("qkv", "o", "gate_up", "down")
 
 
-def tile_for(name: str, rows: int, layout: str = "kn") -> GemmTile:
+@functools.lru_cache(maxsize=8)
+def _device_family(index: int) -> str | None:
+    """The :data:`_DEVICE_TILES` key whose name is part of CUDA device ``index``'s name, if any."""
+    name = torch.cuda.get_device_name(index)
+    return next((k for k in _DEVICE_TILES if k in name), None)
+
+
+def tile_for(
+    name: str,
+    rows: int,
+    layout: str = "kn",
+    device: torch.device | None = None,
+    shape: tuple[int, int, int] | None = None,
+) -> GemmTile:
     """The tile of projection ``name`` (qkv, o, gate_up, down) at ``rows`` rows for weights stored ``layout``
     (``kn``: [K, N], ``nk``: nn.Linear's [N, K]); ``SPECSERVE_TRITON_GEMM_TILES`` overrides entries:
     ``name@R=BN:BK:stages:warps[:pre],...`` with R = 1 or 16 (the row class), ``name@Rnk=...`` for the nk layout;
     ``pre``: the K rows of its slice each program loads before it waits for its predecessor (a power of 2, a
-    multiple of BK)."""
+    multiple of BK). On a CUDA ``device`` the GPU's own entries (:data:`_DEVICE_TILES`, ``kn``) come next, where
+    they fit ``shape`` = (K, N, splits) (without a shape: always)."""
     if layout not in ("kn", "nk"):
         raise ValueError(f"layout must be 'kn' or 'nk', got {layout!r}")
     cls = 1 if rows <= 1 else 16
@@ -161,6 +189,11 @@ def tile_for(name: str, rows: int, layout: str = "kn") -> GemmTile:
                 )
             if nm == name and int(r) == cls and lay == layout:
                 return GemmTile(*(int(v) for v in vals))
+    if device is not None and device.type == "cuda" and layout == "kn":
+        family = _device_family(device.index if device.index is not None else torch.cuda.current_device())
+        tile = _DEVICE_TILES.get(family or "", {}).get((name, cls))
+        if tile is not None and (shape is None or _tile_fits(*shape, tile)):
+            return tile
     return (_DEFAULT_TILES if layout == "kn" else _DEFAULT_TILES_NK)[(name, cls)]
 
 
@@ -293,6 +326,17 @@ def _finish_add(x, res_ptr, res_out_ptr, ssq_out_ptr, offs_m, mask_m, offs_n, pi
 
 
 @triton.jit
+def _finish_gate_up(acc, acc_u, out_ptr, offs_m, mask_m, offs_n, stride_om, MODE: tl.constexpr):
+    """The gate / up GEMM outputs in the model dtype, then F.silu(gate) * up as ``silu_mul`` rounds it."""
+    g = _round(acc, MODE)
+    u = _round(acc_u, MODE)
+    s = _round(g / (1.0 + tl.exp(-g)), MODE)
+    y = _round(s * u, MODE)
+    o_ptrs = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :]
+    tl.store(o_ptrs, y.to(out_ptr.dtype.element_ty), mask=mask_m[:, None])
+
+
+@triton.jit
 def _splitk_gemm_kernel(
     x_ptr,
     w_ptr,
@@ -316,6 +360,9 @@ def _splitk_gemm_kernel(
     stride_rm,
     stride_ro,
     stride_qo,
+    part_ptr,
+    stride_ps,
+    stride_pm,
     N: tl.constexpr,
     K_SPLIT: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -338,8 +385,9 @@ def _splitk_gemm_kernel(
     SPLITS: tl.constexpr = 1,
 ):
     """Program (n block, k split): acc = x[:, slice] @ w[slice, n block]. GATE_UP: w holds [gate | up] (2N columns)
-    and the program also accumulates the up columns, storing round(silu(round(g)) * round(u)); else acc is stored
-    as fp32 partial ``pid_s``. NORM_IN: x is the residual stream and the GEMM's input its RMSNorm
+    and the program also accumulates the up columns, storing round(silu(round(g)) * round(u)) (with SPLITS > 1:
+    the last program of the N block to arrive does, from the fp32 partials in ``part``); else acc is stored as fp32
+    partial ``pid_s``. NORM_IN: x is the residual stream and the GEMM's input its RMSNorm
     (:func:`_norm_prologue`, written to ``scratch`` first); EPI_ADD: the last program of each N block also stores
     residual + the product and its per-row sums of squares (:func:`_add_epilogue`)."""
     pid_n = tl.program_id(0)
@@ -382,13 +430,27 @@ def _splitk_gemm_kernel(
         if GATE_UP:
             wu = tl.load(w_ptrs + N * stride_wn)
             acc_u = _mac(acc_u, x, wu, USE_DOT, PRECISION, UPCAST)
-    if GATE_UP:  # the GEMM's outputs in the model dtype, then F.silu(gate) * up as silu_mul rounds it
-        g = _round(acc, MODE)
-        u = _round(acc_u, MODE)
-        s = _round(g / (1.0 + tl.exp(-g)), MODE)
-        y = _round(s * u, MODE)
-        o_ptrs = out_ptr + offs_m[:, None] * stride_om + offs_n[None, :]
-        tl.store(o_ptrs, y.to(out_ptr.dtype.element_ty), mask=mask_m[:, None])
+    if GATE_UP:
+        if SPLITS == 1:
+            _finish_gate_up(acc, acc_u, out_ptr, offs_m, mask_m, offs_n, stride_om, MODE)
+        else:  # fp32 partials [S, M, 2N]; the last program of this N block to arrive sums them in split order
+            p_ptrs = part_ptr + offs_m[:, None] * stride_pm + offs_n[None, :]
+            tl.store(p_ptrs + pid_s * stride_ps, acc, mask=mask_m[:, None])
+            tl.store(p_ptrs + pid_s * stride_ps + N, acc_u, mask=mask_m[:, None])
+            tl.debug_barrier()  # every thread's partial stores before the (gpu-scope) release of the atomic
+            cnt = tl.atomic_add(counter_ptr + pid_n, 1, sem="acq_rel")
+            if cnt == SPLITS - 1:
+                tl.atomic_xchg(counter_ptr + pid_n, 0, sem="relaxed")
+                g = tl.load(p_ptrs, mask=mask_m[:, None], other=0.0, cache_modifier=".cg")
+                u = tl.load(p_ptrs + N, mask=mask_m[:, None], other=0.0, cache_modifier=".cg")
+                for si in tl.static_range(1, SPLITS):
+                    g += tl.load(
+                        p_ptrs + si * stride_ps, mask=mask_m[:, None], other=0.0, cache_modifier=".cg"
+                    )
+                    u += tl.load(
+                        p_ptrs + si * stride_ps + N, mask=mask_m[:, None], other=0.0, cache_modifier=".cg"
+                    )
+                _finish_gate_up(g, u, out_ptr, offs_m, mask_m, offs_n, stride_om, MODE)
     else:
         o_ptrs = out_ptr + pid_s * stride_os + offs_m[:, None] * stride_om + offs_n[None, :]
         tl.store(o_ptrs, acc, mask=mask_m[:, None])
@@ -426,7 +488,8 @@ def _launch(
     norm: NormIn | None = None,
     add: tuple[torch.Tensor, AddOut] | None = None,
 ) -> None:
-    """``norm``: the RMSNorm prologue; ``add``: (residual, outputs) of the residual-add epilogue."""
+    """``norm``: the RMSNorm prologue; ``add``: (residual, outputs) of the residual-add epilogue; ``gate_up`` with
+    ``splits`` > 1: the SiLU-mul after the last program of each N block sums the partials."""
     m, k = x.shape
     if not _tile_fits(k, n, splits, tile):
         raise ValueError(
@@ -446,6 +509,11 @@ def _launch(
         res_out, ssq_out = outs
         counters = _arrival_counters(x.device, n // tile.block_n)
         stride_rm, stride_ro, stride_qo = res.stride(0), res_out.stride(0), ssq_out.stride(0)
+    part, stride_ps, stride_pm = x, 0, 0  # (unused)
+    if gate_up and splits > 1:
+        part = torch.empty((splits, m, 2 * n), dtype=torch.float32, device=x.device)
+        stride_ps, stride_pm = part.stride(0), part.stride(1)
+        counters = _arrival_counters(x.device, n // tile.block_n)
     pdl, pdl_kw = pdl_launch(x.device)
     _splitk_gemm_kernel[(n // tile.block_n, splits)](
         x,
@@ -470,6 +538,9 @@ def _launch(
         stride_rm,
         stride_ro,
         stride_qo,
+        part,
+        stride_ps,
+        stride_pm,
         N=n,
         K_SPLIT=k_split,
         BLOCK_M=16 if use_dot else 1,
@@ -573,7 +644,8 @@ def splitk_partials(
     _check_norm(x, norm)
     n = weight_t.shape[1]
     out = torch.empty((splits, x.shape[0], n), dtype=torch.float32, device=x.device)
-    _launch(x, weight_t, out, n, splits, tile_for(name, x.shape[0], layout_of(weight_t)), False, norm)
+    tile = tile_for(name, x.shape[0], layout_of(weight_t), x.device, (x.shape[1], n, splits))
+    _launch(x, weight_t, out, n, splits, tile, False, norm)
     return out
 
 
@@ -591,7 +663,7 @@ def splitk_add(
             f"residual must be [{x.shape[0]}, {n}] in {x.dtype}, rows contiguous; got {tuple(residual.shape)} "
             f"{residual.dtype}"
         )
-    tile = tile_for(name, x.shape[0], layout_of(weight_t))
+    tile = tile_for(name, x.shape[0], layout_of(weight_t), x.device, (x.shape[1], n, splits))
     out = torch.empty((splits, x.shape[0], n), dtype=torch.float32, device=x.device)
     res = AddOut(
         torch.empty((x.shape[0], n), dtype=x.dtype, device=x.device),
@@ -602,16 +674,22 @@ def splitk_add(
 
 
 def gate_up_silu(
-    x: torch.Tensor, weight_t: torch.Tensor, intermediate: int, norm: NormIn | None = None
+    x: torch.Tensor,
+    weight_t: torch.Tensor,
+    intermediate: int,
+    norm: NormIn | None = None,
+    splits: int = 1,
 ) -> torch.Tensor:
     """``silu(gate) * up`` for ``gate, up = (x @ weight_t).split(intermediate, -1)`` in one kernel: [M, I] in x's
     dtype (the fused gate_up GEMM followed by ``silu_mul``, up to the accumulation order). ``norm``: of
-    RMSNorm(x) (:class:`NormIn`)."""
+    RMSNorm(x) (:class:`NormIn`). ``splits`` > 1: over that many K slices (more programs: a one-row step's
+    I / BLOCK_N programs alone leave SMs idle), whose fp32 partials the last program of each N block to finish sums
+    (in split order: deterministic) before the SiLU-mul."""
     _check(x, weight_t)
     _check_norm(x, norm)
     if weight_t.shape[1] != 2 * intermediate:
         raise ValueError(f"gate_up weight must be [K, {2 * intermediate}]; got {tuple(weight_t.shape)}")
     out = torch.empty((x.shape[0], intermediate), dtype=x.dtype, device=x.device)
-    tile = tile_for("gate_up", x.shape[0], layout_of(weight_t))
-    _launch(x, weight_t, out, intermediate, 1, tile, True, norm)
+    tile = tile_for("gate_up", x.shape[0], layout_of(weight_t), x.device, (x.shape[1], intermediate, splits))
+    _launch(x, weight_t, out, intermediate, splits, tile, True, norm)
     return out

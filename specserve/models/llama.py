@@ -330,6 +330,7 @@ def _run_layers_fused_norm(
 
     prologue = mode == 2
     triton_gate_up = h.shape[0] >= gate_up_min_rows()
+    gate_up_splits = splits.get("gate_up", 1)
     taps: dict[int, torch.Tensor] = {}
     entering, ssq = h, None
     for i, mod in enumerate(layers):
@@ -347,11 +348,10 @@ def _run_layers_fused_norm(
         after_attn, ssq = splitk_add(a, _kn_weight(attn.o_proj), splits["o"], "o", entering)
         if prologue and triton_gate_up:
             nin = NormIn(ssq, pn.weight, pn.eps)
-            s = gate_up_silu(after_attn, _kn_weight(mlp.gate_up_proj), mlp.intermediate, nin)
+            s = gate_up_silu(after_attn, _kn_weight(mlp.gate_up_proj), mlp.intermediate, nin, gate_up_splits)
         elif triton_gate_up:
-            s = gate_up_silu(
-                rms_norm(after_attn, pn.weight, pn.eps), _kn_weight(mlp.gate_up_proj), mlp.intermediate
-            )
+            normed = rms_norm(after_attn, pn.weight, pn.eps)
+            s = gate_up_silu(normed, _kn_weight(mlp.gate_up_proj), mlp.intermediate, splits=gate_up_splits)
         else:
             s = silu_mul(mlp.gate_up_proj(rms_norm(after_attn, pn.weight, pn.eps)), mlp.intermediate)
         entering, ssq = splitk_add(s, _kn_weight(mlp.down_proj), splits["down"], "down", after_attn)
@@ -413,7 +413,7 @@ def _layer_fused_split(
     o = partials(attn.o_proj, a, "o") if "o" in splits and attn.o_proj.bias is None else attn.o_proj(a)
     h, after_attn = add_rms_norm(o, entering, pn)  # sums o's partials when o_proj was split
     if fused_gate_up:  # (the MLP's projections have no biases)
-        s = gate_up_silu(h, _kn_weight(mlp.gate_up_proj), mlp.intermediate)
+        s = gate_up_silu(h, _kn_weight(mlp.gate_up_proj), mlp.intermediate, splits=splits.get("gate_up", 1))
     else:
         s = silu_mul(mlp.gate_up_proj(h), mlp.intermediate)
     if "down" in splits and mlp.down_proj.bias is None:
