@@ -5,8 +5,9 @@ Triton compiles a kernel once per form: its constexprs plus, per integer argumen
 16 and, per pointer, whether it is 16-byte aligned. The graphs' forms are compiled by their warm-up runs at capture;
 ``propose``'s first pass over a new prompt's rows runs eagerly (its row count is the prompt's), so the runner runs
 it at start (``Proposer.warm_eager_passes``) at one prompt length per attention form, and every eager step's block
-table has the graphs' width. Here (CPU, the Triton interpreter: no compiles, but the same launches) every
-attention launch outside the graphs during requests must have a form the warm-up launched."""
+table has the graphs' width. Here (CPU, the Triton interpreter: no compiles, but the same launches; the KV split
+count picked as on a GPU at short contexts) every attention launch outside the graphs during requests must have a
+form the warm-up launched."""
 
 from __future__ import annotations
 
@@ -61,32 +62,48 @@ def forms(monkeypatch):  # type: ignore[no-untyped-def]
     return seen
 
 
+def _gpu_like_splits(device, num_programs, block_n, max_seq_len, max_query_len):  # type: ignore[no-untyped-def]
+    """The CUDA heuristic's shape at this test's short contexts: 1 KV split below 32 keys, 2 from 32, 4 from 64."""
+    if max_query_len > 64 or max_seq_len is None:
+        return 1
+    return min(4, 1 << max(0, (max_seq_len // 16).bit_length() - 1))
+
+
 @pytest.mark.parametrize("method", ["eagle3", "draft_model"])
-def test_eager_drafter_passes_are_warmed(method, tiny2_qwen3_dir, tmp_path, forms):  # type: ignore[no-untyped-def]
+def test_eager_drafter_passes_are_warmed(
+    method, tiny2_qwen3_dir, smol_tokenizer, tmp_path, forms, monkeypatch
+):  # type: ignore[no-untyped-def]
     if method == "eagle3":
         drafter = make_eagle3(tmp_path / "eagle", 64, 2, VOCAB)
         cfg = json.loads((Path(drafter) / "config.json").read_text())
         cfg["eagle_aux_hidden_state_layer_ids"] = [0, 1, 2]
         (Path(drafter) / "config.json").write_text(json.dumps(cfg))
-    else:
-        drafter = tiny2_qwen3_dir
+    else:  # a one-layer Qwen3 on the target's vocabulary
+        from conftest import build_tiny
+
+        drafter = build_tiny("qwen3", tmp_path / "d1", smol_tokenizer, seed=5, num_hidden_layers=1)
     llm = LLM(tiny2_qwen3_dir, dtype="float32", device="cpu", max_num_seqs=2, padded_decode=True,
               attention_backend="triton", speculative_config={"method": method, "model": drafter,
                                                               "num_speculative_tokens": 3})  # fmt: skip
     runner = llm.engine.runner
+    monkeypatch.setattr(ta, "_pick_num_splits", _gpu_like_splits)  # (the CPU's is 1)
     assert not forms  # CPU: nothing captured, nothing warmed at start
     assert runner.proposer.warm_eager_passes() >= 3
     warmed = {f for _, f in forms}
     assert len(warmed) >= 3  # one form per query tile
     del forms[:]
+    # every eager step's block table has the graphs' width (its stride: one form)
+    meta = runner.build_metadata([3], [3], [[5]], [-1] * 3)
+    assert meta.block_tables.shape == (1, runner.max_blocks_per_seq) and meta.block_tables[0, 0] == 5
     g = torch.Generator().manual_seed(0)
-    # prompts of one block, of 2-3 blocks and (EAGLE-3) of 16 blocks: the old per-step table width, a multiple of
-    # 16. One token each: the first pass over the prompt runs in the prefill step.
-    for n in (3, 20, 40, 250) if method == "eagle3" else (3, 40):
+    # a prompt of one block and one of three: the first pass over the prompt in the prefill step, a catch-up pass
+    # of a few rows at a longer context when a request's last step drafts nothing
+    for n in (3, 40):
         ids = torch.randint(100, 4000, (n,), generator=g).tolist()
         llm.generate(
-            [{"prompt_token_ids": ids}], SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
+            [{"prompt_token_ids": ids}], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
         )
     eager = {f for in_graph, f in forms if not in_graph}
     assert len(eager) >= 2  # the passes of prompts in different query tiles
+    assert any(dict(f[0])["NUM_SPLITS"] > 1 for f in eager)  # and one that splits the keys
     assert eager <= warmed, [dict(f[0]).get("BLOCK_M") for f in eager - warmed]

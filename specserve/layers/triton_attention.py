@@ -864,8 +864,11 @@ def _attention(
     fused = num_splits > 1 and _merge_mode() == "fused"
     counters = _merge_counters(device, b * hk * q_tiles) if fused else seq_lens  # seq_lens: unused
     if num_splits > 1:
-        part_out = torch.empty((num_splits, t, h, d), dtype=torch.float32, device=device)
-        part_lse = torch.empty((num_splits, t, h), dtype=torch.float32, device=device)
+        # rows padded to a multiple of 16: the split strides (kernel arguments) then do not depend on the row count
+        # (Triton compiles a form per integer argument's class: 1, a multiple of 16, other)
+        t_pad = -(-t // 16) * 16
+        part_out = torch.empty((num_splits, t_pad, h, d), dtype=torch.float32, device=device)
+        part_lse = torch.empty((num_splits, t_pad, h), dtype=torch.float32, device=device)
         p_strides = (
             part_out.stride(0),
             part_out.stride(1),

@@ -25,8 +25,8 @@ from specserve.spec.drafter_utils import (
     build_model,
     drafter_graph_mode,
     drafter_split_gemm,
+    eager_warm_shapes,
     paged_slots,
-    prefill_warm_lengths,
     scatter_drafts,
     warm_meta,
 )
@@ -201,15 +201,17 @@ class DraftModelProposer(Proposer):
 
     @torch.inference_mode()
     def warm_eager_passes(self) -> int:
-        """``propose``'s first pass over a new prompt's rows (eager: its row count is the prompt's) at one length
-        per attention form (``prefill_warm_lengths``), writing no KV."""
+        """``propose``'s eager first pass at every (rows, context) of ``eager_warm_shapes``: a new prompt's rows
+        (their count is the prompt's) and a catch-up pass's at each KV split count; no KV written."""
         runner, c = self.runner, self.model.config
-        lengths = prefill_warm_lengths(c.num_attention_heads, c.num_key_value_heads, c.head_dim)
-        for q in lengths:
-            positions, meta = warm_meta(runner, q)
+        shapes = eager_warm_shapes(
+            runner, c.num_attention_heads, c.num_key_value_heads, c.head_dim, self.num_speculative_tokens + 2
+        )
+        for q, context in shapes:
+            positions, meta = warm_meta(runner, q, context)
             hidden, _ = self.model(torch.zeros(q, dtype=torch.long, device=runner.device), positions, meta)
             argmax_last(self.model.compute_logits(hidden[-1:]))
-        return len(lengths)
+        return len(shapes)
 
     def propose(self, inputs: list[DraftInput], features: torch.Tensor | None) -> list[list[int]]:
         runner, dev = self.runner, self.runner.device

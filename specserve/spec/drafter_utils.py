@@ -123,11 +123,37 @@ def prefill_warm_lengths(num_heads: int, num_kv_heads: int, head_dim: int) -> li
     return sorted(set(first.values()) | set(last.values()))
 
 
-def warm_meta(runner: ModelRunner, q: int) -> tuple[torch.Tensor, AttnMetadata]:
-    """(positions, metadata) of one request's first ``q`` rows that write no KV (slots -1), for warm-ups."""
-    table = [0] * -(-q // runner.block_size)
-    meta = runner.build_metadata([q], [q], [table], [-1] * q)
-    return torch.arange(q, dtype=torch.long, device=runner.device), meta
+def eager_warm_shapes(
+    runner: ModelRunner, num_heads: int, num_kv_heads: int, head_dim: int, max_rows: int
+) -> list[tuple[int, int]]:
+    """(rows, context) of the eager passes to run at start: each :func:`prefill_warm_lengths` prompt at its own
+    context, and the rows a catch-up pass can have (1..``max_rows``: a step's committed rows the drafter has not
+    seen, e.g. a request's last step, which drafts nothing) at every context where the attention picks another
+    KV split count (``_pick_num_splits``: a power of two that grows with the context in steps at its doublings;
+    at more requests per pass it picks fewer, a count warmed here too)."""
+    from specserve.layers import triton_attention as ta
+
+    shapes = {(q, q) for q in prefill_warm_lengths(num_heads, num_kv_heads, head_dim)}
+    for q in range(1, max_rows + 1):
+        cfg = ta.select_attention_config(num_heads, num_kv_heads, head_dim, q)
+        programs = num_kv_heads * -(-q // cfg.queries_per_tile)
+        seen: set[int] = set()
+        ctx, top = q, runner.max_model_len
+        while ctx <= top:
+            s = ta._pick_num_splits(runner.device, programs, cfg.block_n, ctx, q)
+            if s not in seen:
+                seen.add(s)
+                shapes.add((q, ctx))
+            ctx *= 2  # one context in every [c, 2c): the split count changes at doublings of the context
+    return sorted(shapes)
+
+
+def warm_meta(runner: ModelRunner, q: int, context: int) -> tuple[torch.Tensor, AttnMetadata]:
+    """(positions, metadata) of one request's last ``q`` rows at ``context`` tokens, writing no KV (slots -1), for
+    warm-ups (the cache's block 0 stands for every block: its values do not matter)."""
+    table = [0] * -(-context // runner.block_size)
+    meta = runner.build_metadata([q], [context], [table], [-1] * q)
+    return torch.arange(context - q, context, dtype=torch.long, device=runner.device), meta
 
 
 def scatter_drafts(inputs: list[Any], drafting: list[int], rows: list[list[int]]) -> list[list[int]]:

@@ -15,9 +15,9 @@ from specserve.spec.drafter_utils import (
     PagedBatch,
     build_model,
     drafter_graph_mode,
+    eager_warm_shapes,
     load_drafter_checkpoint,
     paged_slots,
-    prefill_warm_lengths,
     scatter_drafts,
     warm_meta,
 )
@@ -196,20 +196,22 @@ class Eagle3Proposer(Proposer):
 
     @torch.inference_mode()
     def warm_eager_passes(self) -> int:
-        """``propose``'s first pass over a new prompt's rows (eager: its row count is the prompt's) at one length
-        per attention form (``prefill_warm_lengths``), writing no KV."""
+        """``propose``'s eager first pass at every (rows, context) of ``eager_warm_shapes``: a new prompt's rows
+        (their count is the prompt's) and a catch-up pass's at each KV split count; no KV written."""
         if self.cache is None:
             return 0
         runner, c = self.runner, self.model.cfg
         dev, width = runner.device, len(self._taps) * runner.model_config.hidden_size
-        lengths = prefill_warm_lengths(c.num_attention_heads, c.num_key_value_heads, c.head_dim)
-        for q in lengths:
-            positions, meta = warm_meta(runner, q)
+        shapes = eager_warm_shapes(
+            runner, c.num_attention_heads, c.num_key_value_heads, c.head_dim, self.num_speculative_tokens + 1
+        )
+        for q, context in shapes:
+            positions, meta = warm_meta(runner, q, context)
             hidden_in = self.model.fc(torch.zeros((q, width), dtype=runner.dtype, device=dev))
             embeds = self._embed(torch.zeros(q, dtype=torch.long, device=dev))
             _, normed = self.model(embeds, hidden_in, positions, meta, self.cache, runner.backend)
             self._draft_tokens(normed[-1:])
-        return len(lengths)
+        return len(shapes)
 
     def _embed(self, ids: torch.Tensor) -> torch.Tensor:
         emb = self.model.embed_tokens or self.runner.model.embed_tokens
