@@ -101,9 +101,11 @@ def make_eagle3(
     draft_vocab: int | None = None,
     with_lm_head: bool = False,
     seed: int = 0,
+    heads: tuple[int, int] = (4, 2),
 ) -> str:
+    """``heads``: (attention heads, KV heads) of its layer (head dim 16)."""
     torch.manual_seed(seed)
-    H, nh, nkv, hd, inter = target_hidden, 4, 2, 16, 96
+    H, (nh, nkv), hd, inter = target_hidden, heads, 16, 96
     w = _layer("midlayer.", H, nh, nkv, hd, inter, qk_norm=False, in_dim=2 * H)
     w["midlayer.hidden_norm.weight"] = torch.ones(H)
     w["fc.weight"] = torch.randn(H, 3 * target_hidden) * 0.05

@@ -582,11 +582,15 @@ def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
+# the split-KV heuristic leaves steps of more query rows than this unsplit
+SPLIT_MAX_QUERY_LEN = 64
+
+
 def _pick_num_splits(
     device: torch.device, num_programs: int, block_n: int, max_seq_len: int | None, max_query_len: int
 ) -> int:
     """Flash-decoding split count from static arguments: fill ~2 waves of SMs, each split >= 2 KV tiles."""
-    if device.type != "cuda" or max_query_len > 64:
+    if device.type != "cuda" or max_query_len > SPLIT_MAX_QUERY_LEN:
         return 1
     sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device())
     if num_programs >= sms:

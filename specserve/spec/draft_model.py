@@ -201,12 +201,9 @@ class DraftModelProposer(Proposer):
 
     @torch.inference_mode()
     def warm_eager_passes(self) -> int:
-        """``propose``'s eager first pass at every (rows, context) of ``eager_warm_shapes``: a new prompt's rows
-        (their count is the prompt's) and a catch-up pass's at each KV split count; no KV written."""
+        """``propose``'s eager first pass at every (rows, context) of ``eager_warm_shapes``, writing no KV."""
         runner, c = self.runner, self.model.config
-        shapes = eager_warm_shapes(
-            runner, c.num_attention_heads, c.num_key_value_heads, c.head_dim, self.num_speculative_tokens + 2
-        )
+        shapes = eager_warm_shapes(runner, c.num_attention_heads, c.num_key_value_heads, c.head_dim)
         for q, context in shapes:
             positions, meta = warm_meta(runner, q, context)
             hidden, _ = self.model(torch.zeros(q, dtype=torch.long, device=runner.device), positions, meta)

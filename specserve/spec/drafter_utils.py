@@ -97,55 +97,44 @@ class PagedBatch:
         return torch.tensor(self.positions, dtype=torch.long, device=self.runner.device), meta
 
 
-def prefill_warm_lengths(num_heads: int, num_kv_heads: int, head_dim: int) -> list[int]:
-    """Prompt lengths whose first eager drafter pass (rows = context = the prompt) takes every kernel form a new
-    prompt's pass can take. Triton compiles a form per constexpr set and per integer argument's class (1, a multiple
-    of 16, other); what varies with the row count q: the attention's query tile (``select_attention_config``: q x
-    GQA group, capped at 128), whether q fits one tile (then q, RoPE and the K/V store run inside the attention
-    kernel where its q prologue is small enough: a threshold in q), whether the projections take the split-K GEMMs
-    (q <= 16) and the classes of q itself. So: the first and the last q of each such class up to one past the
-    largest tile (the thresholds are monotone in q). A fresh prompt's pass never splits its keys (at most 64 rows
-    split, and only from 2 x 64 keys on)."""
-    from specserve.layers.linear import SPLIT_MAX_ROWS
-    from specserve.layers.triton_attention import select_attention_config
+def eager_warm_shapes(
+    runner: ModelRunner, num_heads: int, num_kv_heads: int, head_dim: int
+) -> list[tuple[int, int]]:
+    """(rows, context) of the eager drafter passes to run at start so that every kernel form ``propose``'s eager
+    pass can take is compiled before the first request: a new prompt's rows (their count is the prompt's, or a
+    chunk's, after a cached prefix too) and a catch-up pass's (a step's committed rows the drafter has not seen,
+    e.g. after a request's last step, which drafts nothing).
 
-    first: dict[tuple, int] = {}
-    last: dict[tuple, int] = {}
-    top = 0
+    Triton compiles a form per constexpr set and per integer argument's class (1, a multiple of 16, other). With
+    the rows q, the attention's query tile changes (``select_attention_config``: q x GQA group, capped at 128),
+    whether q fits one tile (then q, RoPE and the K/V store run inside the attention where its q prologue is small
+    enough: a threshold in q), whether the projections take the split-K GEMMs (q <= 16) and the class of q; with
+    the context, the KV split count (``_pick_num_splits``: only up to ``SPLIT_MAX_QUERY_LEN`` rows, a power of two that changes at
+    doublings of the context; more requests per pass pick fewer, a count warmed here too). Per class of q and
+    split count: its first and last q (the thresholds are monotone in q), each at the first context with that
+    split count."""
+    from specserve.layers import triton_attention as ta
+    from specserve.layers.linear import SPLIT_MAX_ROWS
+
+    first: dict[tuple, tuple[int, int]] = {}
+    last: dict[tuple, tuple[int, int]] = {}
+    top = ta.SPLIT_MAX_QUERY_LEN  # no split past it
     q = 0
-    while q <= top or q < 2:
+    while q <= top:
         q += 1
-        cfg = select_attention_config(num_heads, num_kv_heads, head_dim, q)
+        cfg = ta.select_attention_config(num_heads, num_kv_heads, head_dim, q)
         top = max(top, cfg.queries_per_tile)
         key = (cfg.block_m, q > cfg.queries_per_tile, q <= SPLIT_MAX_ROWS, q == 1, q % 16 == 0)
-        first.setdefault(key, q)
-        last[key] = q
-    return sorted(set(first.values()) | set(last.values()))
-
-
-def eager_warm_shapes(
-    runner: ModelRunner, num_heads: int, num_kv_heads: int, head_dim: int, max_rows: int
-) -> list[tuple[int, int]]:
-    """(rows, context) of the eager passes to run at start: each :func:`prefill_warm_lengths` prompt at its own
-    context, and the rows a catch-up pass can have (1..``max_rows``: a step's committed rows the drafter has not
-    seen, e.g. a request's last step, which drafts nothing) at every context where the attention picks another
-    KV split count (``_pick_num_splits``: a power of two that grows with the context in steps at its doublings;
-    at more requests per pass it picks fewer, a count warmed here too)."""
-    from specserve.layers import triton_attention as ta
-
-    shapes = {(q, q) for q in prefill_warm_lengths(num_heads, num_kv_heads, head_dim)}
-    for q in range(1, max_rows + 1):
-        cfg = ta.select_attention_config(num_heads, num_kv_heads, head_dim, q)
         programs = num_kv_heads * -(-q // cfg.queries_per_tile)
-        seen: set[int] = set()
-        ctx, top = q, runner.max_model_len
-        while ctx <= top:
+        ctx, seen = q, set()
+        while ctx <= runner.max_model_len:
             s = ta._pick_num_splits(runner.device, programs, cfg.block_n, ctx, q)
             if s not in seen:
                 seen.add(s)
-                shapes.add((q, ctx))
-            ctx *= 2  # one context in every [c, 2c): the split count changes at doublings of the context
-    return sorted(shapes)
+                first.setdefault((key, s), (q, ctx))
+                last[(key, s)] = (q, ctx)
+            ctx *= 2  # one context in every [c, 2c)
+    return sorted(set(first.values()) | set(last.values()))
 
 
 def warm_meta(runner: ModelRunner, q: int, context: int) -> tuple[torch.Tensor, AttnMetadata]:

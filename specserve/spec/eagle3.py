@@ -196,15 +196,12 @@ class Eagle3Proposer(Proposer):
 
     @torch.inference_mode()
     def warm_eager_passes(self) -> int:
-        """``propose``'s eager first pass at every (rows, context) of ``eager_warm_shapes``: a new prompt's rows
-        (their count is the prompt's) and a catch-up pass's at each KV split count; no KV written."""
+        """``propose``'s eager first pass at every (rows, context) of ``eager_warm_shapes``, writing no KV."""
         if self.cache is None:
             return 0
         runner, c = self.runner, self.model.cfg
         dev, width = runner.device, len(self._taps) * runner.model_config.hidden_size
-        shapes = eager_warm_shapes(
-            runner, c.num_attention_heads, c.num_key_value_heads, c.head_dim, self.num_speculative_tokens + 1
-        )
+        shapes = eager_warm_shapes(runner, c.num_attention_heads, c.num_key_value_heads, c.head_dim)
         for q, context in shapes:
             positions, meta = warm_meta(runner, q, context)
             hidden_in = self.model.fc(torch.zeros((q, width), dtype=runner.dtype, device=dev))
