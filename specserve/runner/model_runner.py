@@ -698,9 +698,11 @@ class ModelRunner:
         qsl = [0]
         for n in q_lens:
             qsl.append(qsl[-1] + n)
-        # one width for every eager step, the graphs' (a block table's row stride is a Triton kernel argument, and
-        # Triton compiles a form per stride class: 1, a multiple of 16, other)
-        width = max([self.max_blocks_per_seq, *(len(b) for b in block_tables)])
+        # the Triton kernels: one width for every eager step, the graphs' (a block table's row stride is a kernel
+        # argument, and Triton compiles a form per stride class: 1, a multiple of 16, other)
+        width = max([1, *(len(b) for b in block_tables)])
+        if self.backend.name == "triton":
+            width = max(width, self.max_blocks_per_seq)
         bt = torch.zeros((len(block_tables), width), dtype=torch.int32)
         for i, b in enumerate(block_tables):
             if b:
