@@ -3,11 +3,11 @@ GPU check found EAGLE-3's first request compiling two attention forms, ~1.3 s).
 
 Triton compiles a kernel once per form: its constexprs plus, per integer argument, whether it is 1 or a multiple of
 16 and, per pointer, whether it is 16-byte aligned. The graphs' forms are compiled by their warm-up runs at capture;
-``propose``'s first pass over a new prompt's rows runs eagerly (its row count is the prompt's), so the runner runs
-it at start (``Proposer.warm_eager_passes``) at one prompt length per attention form, and every eager step's block
-table has the graphs' width. Here (CPU, the Triton interpreter: no compiles, but the same launches; the KV split
-count picked as on a GPU at short contexts) every attention launch outside the graphs during requests must have a
-form the warm-up launched."""
+``propose``'s first pass runs eagerly (over a new prompt's rows, or a few rows to catch up at a long context), so
+the runner runs it at start (``Proposer.warm_eager_passes``) at every (rows, context) form it can take
+(``drafter_utils.eager_warm_shapes``), and every eager step's block table has the graphs' width. Here (CPU, the
+Triton interpreter: no compiles, but the same launches; the KV split count picked as on a GPU, at short contexts)
+every attention launch outside the graphs during requests must have a form the warm-up launched."""
 
 from __future__ import annotations
 

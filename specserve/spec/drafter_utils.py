@@ -108,11 +108,11 @@ def eager_warm_shapes(
     Triton compiles a form per constexpr set and per integer argument's class (1, a multiple of 16, other). With
     the rows q, the attention's query tile changes (``select_attention_config``: q x GQA group, capped at 128),
     whether q fits one tile (then q, RoPE and the K/V store run inside the attention where its q prologue is small
-    enough: a threshold in q), whether the projections take the split-K GEMMs (q <= 16) and the class of q; with
-    the context, the KV split count (``_pick_num_splits``: only up to ``SPLIT_MAX_QUERY_LEN`` rows, a power of two that changes at
-    doublings of the context; more requests per pass pick fewer, a count warmed here too). Per class of q and
-    split count: its first and last q (the thresholds are monotone in q), each at the first context with that
-    split count."""
+    enough: a threshold in q), whether the projections take the split-K GEMMs (``SPLIT_MAX_ROWS``) and the class
+    of q; with the context, the KV split count (``_pick_num_splits``: up to ``SPLIT_MAX_QUERY_LEN`` rows, a power
+    of two that changes at doublings of the context; more requests per pass pick fewer, a count warmed here too).
+    Per class of q and split count: its first and last q (the thresholds are monotone in q), each at the first
+    context with that split count."""
     from specserve.layers import triton_attention as ta
     from specserve.layers.linear import SPLIT_MAX_ROWS
 
