@@ -459,8 +459,8 @@ class ModelRunner:
         if capture and self.proposer is not None:
             t0 = time.perf_counter()
             n = self.proposer.warm_eager_passes()
-            torch.cuda.synchronize(dev)
             if n:
+                torch.cuda.synchronize(dev)
                 logger.info("warmed %d eager drafter passes in %.2fs", n, time.perf_counter() - t0)
 
     def _warm_async_step_inputs(self) -> None:

@@ -25,10 +25,8 @@ from specserve.spec.drafter_utils import (
     build_model,
     drafter_graph_mode,
     drafter_split_gemm,
-    eager_warm_shapes,
     paged_slots,
     scatter_drafts,
-    warm_meta,
 )
 from specserve.spec.proposer import DraftInput, Proposer
 
@@ -199,16 +197,13 @@ class DraftModelProposer(Proposer):
 
         return self._capture_fused_step("draft model fused step", fn, target, buf, bs, capture)
 
-    @torch.inference_mode()
-    def warm_eager_passes(self) -> int:
-        """``propose``'s eager first pass at every (rows, context) of ``eager_warm_shapes``, writing no KV."""
-        runner, c = self.runner, self.model.config
-        shapes = eager_warm_shapes(runner, c.num_attention_heads, c.num_key_value_heads, c.head_dim)
-        for q, context in shapes:
-            positions, meta = warm_meta(runner, q, context)
-            hidden, _ = self.model(torch.zeros(q, dtype=torch.long, device=runner.device), positions, meta)
-            argmax_last(self.model.compute_logits(hidden[-1:]))
-        return len(shapes)
+    def _eager_attention(self) -> tuple[int, int, int] | None:
+        c = self.model.config
+        return c.num_attention_heads, c.num_key_value_heads, c.head_dim
+
+    def _eager_pass(self, q: int, positions: torch.Tensor, meta: Any) -> None:
+        hidden, _ = self.model(torch.zeros(q, dtype=torch.long, device=self.runner.device), positions, meta)
+        argmax_last(self.model.compute_logits(hidden[-1:]))
 
     def propose(self, inputs: list[DraftInput], features: torch.Tensor | None) -> list[list[int]]:
         runner, dev = self.runner, self.runner.device

@@ -15,11 +15,9 @@ from specserve.spec.drafter_utils import (
     PagedBatch,
     build_model,
     drafter_graph_mode,
-    eager_warm_shapes,
     load_drafter_checkpoint,
     paged_slots,
     scatter_drafts,
-    warm_meta,
 )
 from specserve.spec.proposer import DraftInput, Proposer
 
@@ -194,21 +192,18 @@ class Eagle3Proposer(Proposer):
         rest = self.graphs.run(b)[:n]
         return scatter_drafts(inputs, drafting, torch.cat([tok[:, None], rest], 1).tolist())
 
-    @torch.inference_mode()
-    def warm_eager_passes(self) -> int:
-        """``propose``'s eager first pass at every (rows, context) of ``eager_warm_shapes``, writing no KV."""
-        if self.cache is None:
-            return 0
-        runner, c = self.runner, self.model.cfg
-        dev, width = runner.device, len(self._taps) * runner.model_config.hidden_size
-        shapes = eager_warm_shapes(runner, c.num_attention_heads, c.num_key_value_heads, c.head_dim)
-        for q, context in shapes:
-            positions, meta = warm_meta(runner, q, context)
-            hidden_in = self.model.fc(torch.zeros((q, width), dtype=runner.dtype, device=dev))
-            embeds = self._embed(torch.zeros(q, dtype=torch.long, device=dev))
-            _, normed = self.model(embeds, hidden_in, positions, meta, self.cache, runner.backend)
-            self._draft_tokens(normed[-1:])
-        return len(shapes)
+    def _eager_attention(self) -> tuple[int, int, int] | None:
+        c = self.model.cfg
+        return None if self.cache is None else (c.num_attention_heads, c.num_key_value_heads, c.head_dim)
+
+    def _eager_pass(self, q: int, positions: torch.Tensor, meta: Any) -> None:
+        assert self.cache is not None
+        runner = self.runner
+        width = len(self._taps) * runner.model_config.hidden_size
+        hidden_in = self.model.fc(torch.zeros((q, width), dtype=runner.dtype, device=runner.device))
+        embeds = self._embed(torch.zeros(q, dtype=torch.long, device=runner.device))
+        _, normed = self.model(embeds, hidden_in, positions, meta, self.cache, runner.backend)
+        self._draft_tokens(normed[-1:])
 
     def _embed(self, ids: torch.Tensor) -> torch.Tensor:
         emb = self.model.embed_tokens or self.runner.model.embed_tokens

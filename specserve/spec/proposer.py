@@ -63,12 +63,29 @@ class Proposer:
     def propose(self, inputs: list[DraftInput], features: torch.Tensor | None) -> list[list[int]]:
         raise NotImplementedError
 
+    @torch.inference_mode()
     def warm_eager_passes(self) -> int:
-        """Run, once at start, the eager passes ``propose`` makes outside the graphs (a new prompt's first pass
-        over its rows), at one prompt length per form the attention kernel compiles for them, so that Triton
-        compiles those forms now rather than inside the first requests. No KV is written. Returns the passes
-        run (0: nothing eager to warm)."""
-        return 0
+        """Run, once at start, the eager pass ``propose`` makes outside the graphs (over a new prompt's rows, or a
+        few rows to catch up at a long context) at every (rows, context) form Triton compiles for it
+        (``drafter_utils.eager_warm_shapes``), so that nothing compiles inside the first requests. No KV is written.
+        Returns the passes run (0: nothing eager to warm)."""
+        from specserve.spec.drafter_utils import eager_warm_shapes, warm_meta
+
+        heads = self._eager_attention()
+        if heads is None:
+            return 0
+        shapes = eager_warm_shapes(self.runner, *heads)
+        for q, context in shapes:
+            self._eager_pass(q, *warm_meta(self.runner, q, context))
+        return len(shapes)
+
+    def _eager_attention(self) -> tuple[int, int, int] | None:
+        """(heads, KV heads, head dim) of the attention of ``propose``'s eager pass, None when it has none."""
+        return None
+
+    def _eager_pass(self, q: int, positions: torch.Tensor, meta: Any) -> None:
+        """``propose``'s eager pass over ``q`` rows at ``positions`` (dummy tokens and features, as warm-up)."""
+        raise NotImplementedError
 
     def setup_fused_step(self, target: Any, buf: Any) -> bool:
         """Build the drafter half of the device-resident greedy step (see ``DFlashProposer``, ``Eagle3Proposer``) on the target's
