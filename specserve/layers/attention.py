@@ -18,7 +18,9 @@ class AttnMetadata:
 
     Request b has queries ``q[query_start_loc[b]:query_start_loc[b+1]]`` at absolute positions
     ``seq_lens[b] - q_len_b + j``; its K/V (including the new tokens) live at the slots given by
-    its block table. ``slot_mapping`` says where each new token's K/V is written (-1: nowhere).
+    its block table. ``slot_mapping`` says where each new token's K/V is written (-1: nowhere). One object describes
+    one forward: its tensors must not change while it is in use (the torch backend derives its gather indices and
+    masks from them once, in the first layer, and keeps them on the object for the other layers).
     """
 
     query_start_loc: torch.Tensor  # int32 [B+1]
@@ -114,6 +116,7 @@ class TorchAttentionBackend(AttentionBackend):
             sliding_window=sliding_window,
             scale=scale,
             max_seq_len=meta.max_seq_len,
+            plan_cache=meta.__dict__.setdefault("_torch_attention_plans", {}),  # built once per forward
         )
 
 

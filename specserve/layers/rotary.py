@@ -26,6 +26,7 @@ class RotaryEmbedding(torch.nn.Module):
 
     cos: torch.Tensor  # fp32 [max_position, head_dim] (rotate-half layout: the frequencies twice)
     sin: torch.Tensor
+    sin_signed: torch.Tensor  # sin with its first half negated (the sign rotate_half gives those partners)
 
     def __init__(
         self, head_dim: int, max_position: int, theta: float, scaling: dict[str, Any] | None = None
@@ -46,19 +47,50 @@ class RotaryEmbedding(torch.nn.Module):
         emb = torch.cat((freqs, freqs), dim=-1)
         self.register_buffer("cos", emb.cos() * attention_factor, persistent=False)
         self.register_buffer("sin", emb.sin() * attention_factor, persistent=False)
+        half = head_dim // 2
+        sign = torch.cat([-torch.ones(half), torch.ones(head_dim - half)])
+        self.register_buffer("sin_signed", self.sin * sign, persistent=False)
+        self._last: tuple[torch.Tensor, torch.Tensor, torch.dtype, torch.Tensor, torch.Tensor] | None = None
+
+    def tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and the sign-folded sin rows of ``positions`` [T] as [T, 1, D] in ``dtype``. On CPU, where the eager
+        layers pay for every op, the layers of one forward share them: the rows of the last positions tensor seen
+        are kept and reused while that same tensor holds the same values (compared by value: a buffer refilled in
+        place is never served stale rows; no comparison on GPUs, where it would synchronise or break a capture)."""
+        cpu = positions.device.type == "cpu"
+        last = self._last
+        if (
+            cpu
+            and last is not None
+            and last[0] is positions
+            and last[2] == dtype
+            and torch.equal(last[1], positions)
+        ):
+            return last[3], last[4]
+        idx = positions.reshape(-1).to(torch.long)
+        cos = self.cos.index_select(0, idx).unsqueeze(1).to(dtype)
+        sin = self.sin_signed.index_select(0, idx).unsqueeze(1).to(dtype)
+        if cpu:
+            self._last = (positions, positions.clone(), dtype, cos, sin)
+        return cos, sin
 
     def forward(
         self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """q [T, Hq, D], k [T, Hk, D], positions [T] -> rotated (q, k) in the input dtype."""
-        cos = self.cos[positions].unsqueeze(1).to(q.dtype)
-        sin = self.sin[positions].unsqueeze(1).to(q.dtype)
-        return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+        cos, sin = self.tables(positions, q.dtype)
+        return _rotate(q, cos, sin), _rotate(k, cos, sin)
 
     def rotate(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        cos = self.cos[positions].unsqueeze(1).to(x.dtype)
-        sin = self.sin[positions].unsqueeze(1).to(x.dtype)
-        return x * cos + rotate_half(x) * sin
+        """x [T, H, D] (any number of heads) rotated at ``positions`` [T]."""
+        cos, sin = self.tables(positions, x.dtype)
+        return _rotate(x, cos, sin)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
+    """``x * cos + rotate_half(x) * sin`` as ``x * cos + roll(x) * sin_signed`` (``rotate_half(x) * sin`` negates the
+    first half's partners; folding that sign into the table gives the same values, bit for bit, with fewer ops)."""
+    return x * cos + x.roll(x.shape[-1] // 2, -1) * sin_signed
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:

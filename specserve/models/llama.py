@@ -53,13 +53,18 @@ class Attention(nn.Module):
     def project_qkv(
         self, x: torch.Tensor, positions: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        qkv = self.qkv_proj(x)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        v = v.view(-1, self.num_kv_heads, self.head_dim)
+        if self.q_norm is None or self.k_norm is None:  # q and k heads rotated together (one pass of ops)
+            qk = qkv[..., : self.q_size + self.kv_size].view(
+                -1, self.num_heads + self.num_kv_heads, self.head_dim
+            )
+            qk = self.rope.rotate(positions, qk)
+            return qk[:, : self.num_heads], qk[:, self.num_heads :], v
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
-        v = v.view(-1, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None and self.k_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rope(positions, q, k)
+        q, k = self.rope(positions, self.q_norm(q), self.k_norm(k))
         return q, k, v
 
     def forward(
