@@ -121,7 +121,7 @@ def test_attention_plan_is_reused_per_metadata_and_rebuilt_when_stale(
         for _layer in range(3):  # the first call builds the plan, the others reuse it
             out = backend.attend(q, kc, vc, meta, causal=causal, sliding_window=None, scale=16**-0.5)
             assert torch.equal(out, expected)
-    plans = meta.__dict__["_torch_attention_plans"]
+    plans = meta.derived
     assert len(plans) == 2  # one per (causal, ...) key
     # a metadata tensor modified in place (here: one request's keys shortened) is noticed
     seq[0] -= 7
@@ -149,3 +149,30 @@ def test_store_kv_on_strided_caches() -> None:
     kc2, vc2 = torch.zeros(4, 16, 2, 16), torch.zeros(4, 16, 2, 16)
     store_kv_ref(k, v, kc2, vc2, slots)
     assert torch.equal(kc2, kc) and torch.equal(vc2, vc)
+
+
+def test_attention_over_strided_caches_equals_contiguous() -> None:
+    q, kc, vc, qsl, seq, bt = _paged([40, 23], [3, 1])
+    both = torch.stack([kc, vc], 3)  # [blocks, block_size, Hk, 2, D]: each cache a non-contiguous view
+    ks, vs = both[:, :, :, 0], both[:, :, :, 1]
+    assert not ks.is_contiguous()
+    for causal in (True, False):
+        expected = paged_attention_ref(q, kc, vc, qsl, seq, bt, causal=causal)
+        assert torch.equal(paged_attention_ref(q, ks, vs, qsl, seq, bt, causal=causal), expected)
+
+
+@pytest.mark.parametrize(
+    "seq_lens,q_lens,batched",
+    [
+        ([150, 150], [1, 1], True),  # similar decodes: one padded SDPA call
+        ([50, 100, 200, 400], [4, 4, 4, 4], True),  # 2x padding of short verify blocks still pays
+        ([300, 300, 300, 300], [256, 1, 1, 1], False),  # a prefill chunk beside decodes: per request
+        ([150], [1], False),  # one request
+    ],
+)
+def test_attention_batches_requests_by_the_padding_budget(seq_lens, q_lens, batched) -> None:
+    q, kc, vc, qsl, seq, bt = _paged(seq_lens, q_lens)
+    cache: dict = {}
+    paged_attention_ref(q, kc, vc, qsl, seq, bt, plan_cache=cache)
+    (plan,) = cache.values()
+    assert (plan.batched is not None) == batched

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -20,7 +20,7 @@ class AttnMetadata:
     ``seq_lens[b] - q_len_b + j``; its K/V (including the new tokens) live at the slots given by
     its block table. ``slot_mapping`` says where each new token's K/V is written (-1: nowhere). One object describes
     one forward: its tensors must not change while it is in use (the torch backend derives its gather indices and
-    masks from them once, in the first layer, and keeps them on the object for the other layers).
+    masks from them once, in the first layer, and keeps them in ``derived`` for the other layers).
     """
 
     query_start_loc: torch.Tensor  # int32 [B+1]
@@ -30,6 +30,7 @@ class AttnMetadata:
     max_query_len: int
     max_seq_len: int
     causal: bool = True
+    derived: dict[Any, Any] = field(default_factory=dict, repr=False, compare=False)
 
 
 class AttentionBackend:
@@ -116,7 +117,7 @@ class TorchAttentionBackend(AttentionBackend):
             sliding_window=sliding_window,
             scale=scale,
             max_seq_len=meta.max_seq_len,
-            plan_cache=meta.__dict__.setdefault("_torch_attention_plans", {}),  # built once per forward
+            plan_cache=meta.derived,  # built by the first layer of the forward, reused by the others
         )
 
 

@@ -179,8 +179,7 @@ def _build_plan(
     max_q = max(q_lens[b] for b in active)
     max_s = max(sls[b] for b in active)
     padded = len(active) * max_q * max_s
-    single = qsl[active[0]] if len(active) == 1 else -1
-    covered = q_lens[active[0]] if single == 0 else -1
+    covered = q_lens[active[0]] if len(active) == 1 and qsl[active[0]] == 0 else -1
 
     # Per request: exact slices, and no mask at all for decode / non-causal rows; batched: one gather and one masked
     # SDPA call over the requests padded to (max_q, max_s). Batched saves a call's overhead per extra request and

@@ -91,8 +91,3 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> tor
     """``x * cos + rotate_half(x) * sin`` as ``x * cos + roll(x) * sin_signed`` (``rotate_half(x) * sin`` negates the
     first half's partners; folding that sign into the table gives the same values, bit for bit, with fewer ops)."""
     return x * cos + x.roll(x.shape[-1] // 2, -1) * sin_signed
-
-
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
