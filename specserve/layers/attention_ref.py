@@ -298,13 +298,14 @@ def paged_attention_ref(
             out.index_copy_(0, p.rows, o.index_select(0, p.sel))
         return out
 
-    if len(plan.requests) == 1 and plan.covered_rows == t:  # one request, every row (decode / verify at b1)
-        r = plan.requests[0]
-        kb, vb = _gather(k_cache, r.slots).float(), _gather(v_cache, r.slots).float()
-        return _gqa_attention(q.float()[None], kb[None], vb[None], r.mask, scale)[0].to(q.dtype)
-    out = torch.zeros_like(q)
-    for r in plan.requests:
+    def attend(r: _Request) -> torch.Tensor:  # one request's rows of the result
         kb, vb = _gather(k_cache, r.slots).float(), _gather(v_cache, r.slots).float()
         qb = q[r.q0 : r.q0 + r.ql].float()[None]
-        out[r.q0 : r.q0 + r.ql] = _gqa_attention(qb, kb[None], vb[None], r.mask, scale)[0].to(q.dtype)
+        return _gqa_attention(qb, kb[None], vb[None], r.mask, scale)[0].to(q.dtype)
+
+    if len(plan.requests) == 1 and plan.covered_rows == t:  # one request, every row (decode / verify at b1)
+        return attend(plan.requests[0])
+    out = torch.zeros_like(q)
+    for r in plan.requests:
+        out[r.q0 : r.q0 + r.ql] = attend(r)
     return out
