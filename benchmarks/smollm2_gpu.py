@@ -66,7 +66,7 @@ def specs(args: argparse.Namespace) -> list[dict | None]:
     if args.dflash:
         out += [
             {"method": "dflash", "model": args.dflash, "num_speculative_tokens": 15},
-            # the demo's default: drafting only while it measures faster than plain decoding
+            # disable_when_slower: drafting only while it measures faster than plain decoding (opt-in)
             {"method": "dflash", "model": args.dflash, "num_speculative_tokens": 15, "disable_when_slower": True},
             {"method": "dflash", "model": args.dflash, "num_speculative_tokens": 7},
             {"method": "dflash", "model": args.dflash, "num_speculative_tokens": 4},
