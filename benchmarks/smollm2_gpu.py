@@ -17,6 +17,9 @@
    (HF eager excepted: ~20x slower) runs ``--reps`` times (default 3) and the row gives the median tokens/s, with
    all passes in ``tokens_per_s_reps``: one pass of two prompts lasts ~0.3 s, so a stall of tens of ms moves a
    single pass by ~20% (session 32's single pass of DFlash K=15 on chat: 1129.6 tok/s, sessions 18 / 28: 1329-1469).
+   Every pass runs ``--tokens`` tokens (``ignore_eos``, as HF's ``min_new_tokens``); each specserve row records how
+   many of them came before each prompt's first end-of-sequence token (``answer_tokens``): the rest is text no
+   drafter was trained on (session 33: "What is the capital of France?" is answered in 7 tokens of 256).
 """
 
 from __future__ import annotations
@@ -67,7 +70,12 @@ def specs(args: argparse.Namespace) -> list[dict | None]:
         out += [
             {"method": "dflash", "model": args.dflash, "num_speculative_tokens": 15},
             # disable_when_slower: drafting only while it measures faster than plain decoding (opt-in)
-            {"method": "dflash", "model": args.dflash, "num_speculative_tokens": 15, "disable_when_slower": True},
+            {
+                "method": "dflash",
+                "model": args.dflash,
+                "num_speculative_tokens": 15,
+                "disable_when_slower": True,
+            },
             {"method": "dflash", "model": args.dflash, "num_speculative_tokens": 7},
             {"method": "dflash", "model": args.dflash, "num_speculative_tokens": 4},
         ]
@@ -84,7 +92,14 @@ def specs(args: argparse.Namespace) -> list[dict | None]:
 def name(spec: dict | None) -> str:
     if spec is None:
         return "plain"
-    return f"{spec['method']} K={spec['num_speculative_tokens']}" + (" gated" if spec.get("disable_when_slower") else "")
+    return f"{spec['method']} K={spec['num_speculative_tokens']}" + (
+        " gated" if spec.get("disable_when_slower") else ""
+    )
+
+
+def answer_length(token_ids: list[int], eos: set[int]) -> int:
+    """Tokens before the first end-of-sequence token (all of them if there is none)."""
+    return next((i for i, t in enumerate(token_ids) if t in eos), len(token_ids))
 
 
 def hf_worker(args: argparse.Namespace) -> int:
@@ -99,7 +114,9 @@ def hf_worker(args: argparse.Namespace) -> int:
     )
     if args.gguf:
         d, f = os.path.split(os.path.abspath(args.gguf))
-        hf = transformers.AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=getattr(torch, args.dtype))
+        hf = transformers.AutoModelForCausalLM.from_pretrained(
+            d, gguf_file=f, dtype=getattr(torch, args.dtype)
+        )
     else:
         cfg = transformers.AutoConfig.from_pretrained(args.config_dir)
         hf = transformers.AutoModelForCausalLM.from_config(cfg, dtype=getattr(torch, args.dtype))
@@ -243,7 +260,7 @@ def main() -> int:
                     sp = SamplingParams(temperature=0, max_tokens=args.tokens, ignore_eos=True)
                     llm.chat([[{"role": "user", "content": p}]], sp)
                 # the engine's default, then (fused speculative steps) with their asynchronous pipelining off
-                runner = llm.engine.runner
+                runner, eos = llm.engine.runner, llm.engine.eos_token_ids
                 modes = [(name(spec), None)]
                 if runner.async_spec and not (spec or {}).get("disable_when_slower"):
                     modes.append((name(spec) + " sync", False))
@@ -254,11 +271,12 @@ def main() -> int:
                         m0 = llm.get_metrics()
                         per_rep = []
                         for _ in range(args.reps):
-                            ntok, t0 = 0, time.perf_counter()
+                            ntok, t0, answers = 0, time.perf_counter(), []
                             for p in prompts:
                                 sp = SamplingParams(temperature=0, max_tokens=args.tokens, ignore_eos=True)
                                 o = llm.chat([[{"role": "user", "content": p}]], sp)
                                 ntok += len(o[0].outputs[0].token_ids)
+                                answers.append(answer_length(o[0].outputs[0].token_ids, eos))
                             per_rep.append(ntok / (time.perf_counter() - t0))
                         m1 = llm.get_metrics()
                         d = m1["spec_decode_num_drafts"] - m0["spec_decode_num_drafts"]
@@ -272,10 +290,15 @@ def main() -> int:
                                 "tokens_per_s_reps": [round(x, 1) for x in per_rep],
                                 "acceptance_length": round(1 + a / d, 3) if d else None,
                                 "pipelined_spec_steps": runner.num_async_spec_steps,
+                                # tokens before each prompt's first end-of-sequence token: ignore_eos times the
+                                # rest too, text no drafter was trained on (its acceptance is the lower one)
+                                "answer_tokens": answers,
                             }
                         )
                         gate = llm.engine.gate
-                        if gate is not None:  # disable_when_slower: steps it ran plain, probes, ratio at batch 1
+                        if (
+                            gate is not None
+                        ):  # disable_when_slower: steps it ran plain, probes, ratio at batch 1
                             rows[-1].update(
                                 gated_plain_steps=gate.num_plain_steps,
                                 probes=gate.num_probes,
@@ -290,14 +313,18 @@ def main() -> int:
             print(f"graphs == eager for {name(spec)}: {equal[name(spec)]}", flush=True)
 
     hf_static = {r["prompt_set"]: r["tokens_per_s"] for r in rows if r["config"] == "static"}
-    print(f"\n{'engine':16} {'config':18} {'prompts':12} {'tok/s':>8} {'x HF static':>11} {'accept len':>10}")
+    print(
+        f"\n{'engine':16} {'config':18} {'prompts':12} {'tok/s':>8} {'x HF static':>11} {'accept len':>10} "
+        "answer tokens (before EOS)"
+    )
     for r in sorted(rows, key=lambda r: list(sets).index(r["prompt_set"])):
         base = hf_static.get(r["prompt_set"])
         x = f"{r['tokens_per_s'] / base:.2f}" if base else "-"
         al = f"{r['acceptance_length']:.2f}" if r["acceptance_length"] else "-"
+        ans = ",".join(map(str, r.get("answer_tokens") or [])) or "-"
         print(
             f"{r['engine']:16} {r['config']:18} {r['prompt_set'][:12]:12} {r['tokens_per_s']:>8.1f} {x:>11} "
-            f"{al:>10}"
+            f"{al:>10} {ans}"
         )
     print(f"graphs == eager (128 greedy tokens, 4 prompts, {args.dtype}):", json.dumps(equal))
     try:
