@@ -296,9 +296,8 @@ def main() -> int:
                             }
                         )
                         gate = llm.engine.gate
-                        if (
-                            gate is not None
-                        ):  # disable_when_slower: steps it ran plain, probes, ratio at batch 1
+                        # disable_when_slower: steps it ran plain, probes, ratio at batch 1
+                        if gate is not None:
                             rows[-1].update(
                                 gated_plain_steps=gate.num_plain_steps,
                                 probes=gate.num_probes,
