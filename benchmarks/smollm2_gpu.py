@@ -167,8 +167,9 @@ def hf_time(
         row.update(
             tokens_per_s=round(statistics.median(per_rep), 1),
             tokens_per_s_reps=[round(x, 1) for x in per_rep],
+            acceptance_length=None,
+            warmup_s=round(warm, 1),
         )
-        row.update(acceptance_length=None, warmup_s=round(warm, 1))
         print(json.dumps(row), flush=True)
 
 
@@ -271,13 +272,14 @@ def main() -> int:
                         m0 = llm.get_metrics()
                         per_rep = []
                         for _ in range(args.reps):
-                            ntok, t0, answers = 0, time.perf_counter(), []
+                            t0, outs = time.perf_counter(), []
                             for p in prompts:
                                 sp = SamplingParams(temperature=0, max_tokens=args.tokens, ignore_eos=True)
-                                o = llm.chat([[{"role": "user", "content": p}]], sp)
-                                ntok += len(o[0].outputs[0].token_ids)
-                                answers.append(answer_length(o[0].outputs[0].token_ids, eos))
-                            per_rep.append(ntok / (time.perf_counter() - t0))
+                                outs.append(
+                                    llm.chat([[{"role": "user", "content": p}]], sp)[0].outputs[0].token_ids
+                                )
+                            per_rep.append(sum(map(len, outs)) / (time.perf_counter() - t0))
+                        answers = [answer_length(t, eos) for t in outs]  # greedy: every pass the same tokens
                         m1 = llm.get_metrics()
                         d = m1["spec_decode_num_drafts"] - m0["spec_decode_num_drafts"]
                         a = m1["spec_decode_num_accepted_tokens"] - m0["spec_decode_num_accepted_tokens"]
