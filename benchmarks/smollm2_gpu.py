@@ -257,8 +257,9 @@ def main() -> int:
             if not eager:  # timing: batch 1, one prompt after another, each prompt set on its own
                 # warm-up: every timed prompt once, as timed (HF static gets the same): the first run of a new
                 # prompt length may JIT-compile Triton kernels (prefill shapes), which must not land in the timing
+                # one SamplingParams for the warm-up and every timed pass, built outside the timing
+                sp = SamplingParams(temperature=0, max_tokens=args.tokens, ignore_eos=True)
                 for p in [p for prompts in sets.values() for p in prompts]:
-                    sp = SamplingParams(temperature=0, max_tokens=args.tokens, ignore_eos=True)
                     llm.chat([[{"role": "user", "content": p}]], sp)
                 # the engine's default, then (fused speculative steps) with their asynchronous pipelining off
                 runner, eos = llm.engine.runner, llm.engine.eos_token_ids
@@ -274,7 +275,6 @@ def main() -> int:
                         for _ in range(args.reps):
                             t0, outs = time.perf_counter(), []
                             for p in prompts:
-                                sp = SamplingParams(temperature=0, max_tokens=args.tokens, ignore_eos=True)
                                 outs.append(
                                     llm.chat([[{"role": "user", "content": p}]], sp)[0].outputs[0].token_ids
                                 )
