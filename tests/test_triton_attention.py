@@ -266,7 +266,7 @@ TRITON_CASES = {
     ),
 }
 
-# Split cases run with both split merges (SPECSERVE_ATTN_MERGE); the others never merge.
+# Split cases run with every split merge (SPECSERVE_ATTN_MERGE); the others never merge.
 _TRITON_PARAMS = [
     pytest.param(name, merge, id=f"{name}-{merge}" if "num_splits" in TRITON_CASES[name][3] else name)
     for name in TRITON_CASES
@@ -357,6 +357,35 @@ def test_fused_split_merge_repeatable_and_resets_counters(monkeypatch: pytest.Mo
         call("bogus")
     monkeypatch.delenv(ta.MERGE_ENV)
     assert ta._merge_mode() == "kernel"  # the default: the fused merge measured slower on the H200
+
+
+@pytest.mark.parametrize("merge", ["kernel", "fused"])
+def test_split_merge_ignores_stale_scratch(merge: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The split partials live in uninitialised memory (a graph pool's, reused by every layer and step): with
+    the scratch NaN-poisoned before each call, both merges still give the oracle's output: every split the merge
+    reads wrote its rows (an empty split its zeros and lse -inf for the merge kernel; the fused merge reads only
+    the used ones). A second call on the same poisoned buffers, with fewer used splits, too."""
+    monkeypatch.setenv(ta.MERGE_ENV, merge)
+    made: list[torch.Tensor] = []
+
+    def poisoned(*args: object) -> tuple[torch.Tensor, torch.Tensor]:
+        if not made:
+            made.extend(t.fill_(float("nan")) for t in ta_split_scratch(*args))
+        return made[0], made[1]
+
+    ta_split_scratch = ta._split_scratch
+    monkeypatch.setattr(ta, "_split_scratch", poisoned)
+    cfg = ta.AttentionConfig(block_m=16, block_n=16, queries_per_tile=4, num_warps=4, num_stages=2)
+    kw = {"num_splits": 8, "config": cfg, "max_query_len": 10}
+    first = make_batch([70, 33, 0, 16, 49], [10, 5, 1, 0, 9], group=2, seed=33)
+    out = run_triton(first, out=torch.full_like(first.q, float("nan")), **kw)
+    assert_close(out, dense_oracle(first), torch.float32)
+    # 1-2 KV tiles: 6-7 empty splits
+    second = make_batch([20, 9, 0, 5, 17], [10, 5, 1, 0, 9], group=2, seed=34)
+    for t in made:
+        t.fill_(float("nan"))
+    out = run_triton(second, out=torch.full_like(second.q, float("nan")), **kw)
+    assert_close(out, dense_oracle(second), torch.float32)
 
 
 def test_fused_split_merge_one_counter_per_group(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -663,3 +692,21 @@ def test_kernels_compile_for_hopper_without_spills() -> None:
     from sm90 import run_script
 
     run_script(_HOPPER_COMPILE_SCRIPT)
+
+
+def test_merge_warps(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One warp per 4096 fp32 values of the merge tile (at most 4), or the setting."""
+    monkeypatch.delenv(ta.MERGE_WARPS_ENV, raising=False)
+    assert [ta.merge_warps(t) for t in (2 * 16, 8 * 128, 32 * 128, 64 * 128, 64 * 256, 128 * 256)] == [
+        1,
+        1,
+        1,
+        2,
+        4,
+        4,
+    ]
+    monkeypatch.setenv(ta.MERGE_WARPS_ENV, "2")
+    assert ta.merge_warps(32 * 128) == 2
+    monkeypatch.setenv(ta.MERGE_WARPS_ENV, "3")
+    with pytest.raises(ValueError, match=ta.MERGE_WARPS_ENV):
+        ta.merge_warps(32 * 128)

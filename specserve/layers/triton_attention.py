@@ -23,7 +23,8 @@ Design (DESIGN.md §4: batch 1-8 decode and spec verify are bound by bytes read 
   query tile have KV tiles (in a graph ``max_seq_len`` is the model's maximum, so most splits of a short context
   are empty).
 * Merge of the splits (``SPECSERVE_ATTN_MERGE``, read per call): ``kernel`` (default) launches a second kernel
-  that merges all ``num_splits`` partials (empty splits wrote lse -inf). ``fused`` needs no second launch: empty
+  that merges all ``num_splits`` partials (empty splits wrote lse -inf), one small CTA (:func:`merge_warps`) per
+  (token, head). ``fused`` needs no second launch: empty
   splits exit at once; each used split stores its partials, then bumps an int32 arrival counter of its (request,
   KV head, query tile) group (``atomic_add``, acq_rel, after a CTA barrier so every thread's stores precede the
   release); the split that arrives last resets the counter to 0 (for the next launch / graph replay) and merges
@@ -616,11 +617,39 @@ def max_splits() -> int:
     return int(raw)
 
 
+MERGE_WARPS_ENV = "SPECSERVE_ATTN_MERGE_WARPS"
+
+
+def merge_warps(tile: int) -> int:
+    """Warps of the split merge kernel, whose program holds a [splits, head_dim] fp32 tile of ``tile`` values:
+    one warp per 4096 values (128 registers a thread; at most 4), or ``SPECSERVE_ATTN_MERGE_WARPS`` (read per call,
+    i.e. per graph capture). H100, session 35 (benchmarks/results/h100-2026-12-06-s35/c4-merge-warps): one warp
+    instead of four for the Qwen3-8B shape's [32, 128] tile took the batch-1 decode step from 5.785 to 5.729 ms
+    (1.154 -> 1.143x the weight-read floor; 5.870 -> 5.832 at 1.5k tokens of context), SmolLM2's plain step 0.561
+    -> 0.555 ms: the merge is latency, and a CTA of fewer warps starts and reduces sooner."""
+    raw = os.environ.get(MERGE_WARPS_ENV, "").strip()
+    if raw:
+        if raw not in ("1", "2", "4", "8"):
+            raise ValueError(f"{MERGE_WARPS_ENV} must be 1, 2, 4 or 8, got {raw!r}")
+        return int(raw)
+    return min(4, max(1, tile // 4096))
+
+
 MERGE_ENV = "SPECSERVE_ATTN_MERGE"
 _MERGE_MODES = ("fused", "kernel")
 _MIN_COUNTERS = 1 << 16
 _counters: dict[tuple[str, int], torch.Tensor] = {}  # current arrival-counter buffer per device
 _counters_alive: list[torch.Tensor] = []  # every buffer ever handed out (captured graphs hold raw pointers)
+
+
+def _split_scratch(
+    num_splits: int, t_pad: int, h: int, d: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Uninitialised fp32 scratch of the split-KV partials: outputs [S, T, H, D] and log-sum-exps [S, T, H] (in a
+    CUDA graph, memory of the graph pool that earlier steps and other layers left their values in)."""
+    part_out = torch.empty((num_splits, t_pad, h, d), dtype=torch.float32, device=device)
+    part_lse = torch.empty((num_splits, t_pad, h), dtype=torch.float32, device=device)
+    return part_out, part_lse
 
 
 def _merge_mode() -> str:
@@ -870,9 +899,7 @@ def _attention(
     if num_splits > 1:
         # rows padded to a multiple of 16: the split strides (kernel arguments) then do not depend on the row count
         # (Triton compiles a form per integer argument's class: 1, a multiple of 16, other)
-        t_pad = -(-t // 16) * 16
-        part_out = torch.empty((num_splits, t_pad, h, d), dtype=torch.float32, device=device)
-        part_lse = torch.empty((num_splits, t_pad, h), dtype=torch.float32, device=device)
+        part_out, part_lse = _split_scratch(num_splits, -(-t // 16) * 16, h, d, device)
         p_strides = (
             part_out.stride(0),
             part_out.stride(1),
@@ -962,7 +989,7 @@ def _attention(
             NUM_SPLITS=num_splits,
             SPLITS_PAD=splits_pad,
             PDL=pdl_launch(device, "merge")[0],
-            num_warps=4 if splits_pad * block_d >= 2048 else 2,
+            num_warps=merge_warps(splits_pad * block_d),
             **pdl_kw,
         )
     return out
