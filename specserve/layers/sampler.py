@@ -202,14 +202,48 @@ def draw_exponential(
     return e.clamp_(min=torch.finfo(torch.float32).tiny)
 
 
+GREEDY_TAIL_ENV = "SPECSERVE_GREEDY_TAIL"
+GREEDY_TAIL_DEFAULT = "triton"  # what "auto" means on CUDA
+
+
+def greedy_tail_on(device: torch.device) -> bool:
+    """Whether the graphs' greedy verification (``greedy_verify``) and drafter argmaxes (:func:`argmax_graph`) run
+    as the one-launch Triton kernels of :mod:`specserve.layers.triton_argmax` instead of torch's reductions:
+    ``SPECSERVE_GREEDY_TAIL`` = ``triton``, ``torch`` or ``auto`` (default: :data:`GREEDY_TAIL_DEFAULT` on CUDA,
+    torch elsewhere); read per call, i.e. per graph capture. ``triton`` on a CPU device needs
+    ``TRITON_INTERPRET=1`` (the tests). H100, session 35 (benchmarks/results/h100-2026-12-06-s35): SmolLM2-135M
+    plain decode at batch 1 0.568-0.569 -> 0.559-0.561 ms a step, DFlash K=7 0.966-0.975 -> 0.944-0.953 ms; the
+    Qwen3-8B shape unchanged (5.78 ms at batch 1, 5.93 at 8)."""
+    import os
+
+    mode = os.environ.get(GREEDY_TAIL_ENV, "").strip() or "auto"
+    if mode not in ("auto", "triton", "torch"):
+        raise ValueError(f"{GREEDY_TAIL_ENV} must be auto, triton or torch, got {mode!r}")
+    if mode == "auto":
+        return device.type == "cuda" and GREEDY_TAIL_DEFAULT == "triton"
+    return mode == "triton"
+
+
 def argmax_last(x: torch.Tensor) -> torch.Tensor:
     """``x.argmax(-1)``; on CPU as ``x.max(-1).indices`` (the same first index on ties and NaN, as torch documents):
     torch's CPU argmax over a vocabulary row is several times slower (2-core VM, session 17: [40, 49152] bf16 3.09 vs
-    0.66 ms, fp32 1.23 vs 0.46 ms: ~5% of a batch-8 DFlash K=4 step). CUDA keeps ``argmax`` (as captured and
-    measured in the graphs)."""
+    0.66 ms, fp32 1.23 vs 0.46 ms: ~5% of a batch-8 DFlash K=4 step). CUDA keeps ``argmax`` (see
+    :func:`argmax_graph` for the graphs' argmaxes)."""
     if x.device.type == "cpu":
         return x.max(dim=-1).indices
     return x.argmax(dim=-1)
+
+
+def argmax_graph(x: torch.Tensor) -> torch.Tensor:
+    """:func:`argmax_last` for the CUDA graphs' greedy argmaxes (the drafters' proposals): under
+    :func:`greedy_tail_on` the one-launch Triton kernel (the same indices; a torch argmax is a few kernels more of
+    latency in a step), else :func:`argmax_last`. Eager paths keep :func:`argmax_last`, so no request compiles a
+    kernel form the graphs' capture did not."""
+    if x.dim() >= 1 and x.numel() and greedy_tail_on(x.device):
+        from specserve.layers.triton_argmax import argmax_rows
+
+        return argmax_rows(x.reshape(-1, x.shape[-1])).view(x.shape[:-1])
+    return argmax_last(x)
 
 
 def random_sample(

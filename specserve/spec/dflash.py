@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from specserve.config import SpeculativeConfig
-from specserve.layers.sampler import argmax_last
+from specserve.layers.sampler import argmax_graph, argmax_last
 from specserve.models.dflash import DFlashDraftModel
 from specserve.spec.drafter_utils import (
     PagedBatch,
@@ -115,7 +115,7 @@ class DFlashProposer(Proposer):
             meta = buf.meta(b, runner.max_model_len + K + 1, causal=False)
             embeds = runner.model.embed_tokens(v.ids)
             hidden = self.model(embeds, v.pos, meta, self.caches, runner.backend)
-            return argmax_last(runner.model.compute_logits(hidden.view(b, K + 1, -1)[:, 1:]))
+            return argmax_graph(runner.model.compute_logits(hidden.view(b, K + 1, -1)[:, 1:]))
 
         def prepare(b: int) -> None:
             buf.fill(b, [], runner.block_size)
@@ -174,7 +174,7 @@ class DFlashProposer(Proposer):
                 causal=False,
             )
             hidden = self.model(runner.model.embed_tokens(ids), qpos, meta, self.caches, backend)
-            drafts = argmax_last(runner.model.compute_logits(hidden.view(b, q, -1)[:, 1:]))
+            drafts = argmax_graph(runner.model.compute_logits(hidden.view(b, q, -1)[:, 1:]))
             return torch.cat([packed, torch.where(active[:, None], drafts, -1)], 1)
 
         return self._capture_fused_step("dflash fused step", fn, target, buf, bs, capture)

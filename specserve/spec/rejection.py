@@ -35,6 +35,7 @@ from specserve.layers.sampler import (
     apply_sampling_constraints,
     argmax_last,
     draw_exponential,
+    greedy_tail_on,
     static_sampling_tensors,
 )
 
@@ -197,6 +198,10 @@ def greedy_verify(logits: torch.Tensor, ids: torch.Tensor, b: int, q: int) -> to
     drafts equal to the argmax of the row before them (0 when q == 1).  With num_draft real drafts, request j
     emits ``argmax[j, : min(n_match, num_draft) + 1]``, which is what rejection_sample gives a greedy request.
     """
+    if greedy_tail_on(logits.device):  # the same integers in one launch
+        from specserve.layers.triton_argmax import greedy_verify_triton
+
+        return greedy_verify_triton(logits, ids, b, q)
     am = argmax_last(logits).view(b, q)
     if q > 1:
         match = ids.view(b, q)[:, 1:] == am[:, :-1]

@@ -1,0 +1,141 @@
+"""Greedy argmax and greedy verification of a padded batch in one Triton kernel (issue #6: count the kernels).
+
+In a CUDA graph the torch form of a greedy step's tail is four to seven small kernels after the LM head: the
+argmax reduction over the vocabulary, then (verify) ``==``, ``cumprod``, ``sum``, and a ``cat`` / ``zeros_like``
+to pack ``[argmax..., n_match]``. Each is a few microseconds of latency on a step that, for a small target, is a
+few hundred microseconds long (SmolLM2-135M: ~18 us of a 0.58 ms decode step). Here one launch does all of it:
+
+* one program per logits row walks the vocabulary in chunks, keeping the running maximum and its first index
+  (``torch.argmax``'s tie rule; NaN counts as the maximum, as in torch), and stores the row's argmax into
+  ``packed[j, i]`` (row ``j * q + i``);
+* with ``q > 1`` the row programs of request ``j`` then bump an int32 arrival counter (acq_rel, after a CTA
+  barrier); the last of its ``q`` rows resets it to 0 (for the next launch or graph replay) and writes
+  ``n_match`` = the number of leading drafts equal to the argmax of the row before them into ``packed[j, q]``;
+  with ``q == 1`` each program writes ``n_match = 0`` itself.
+
+The output equals :func:`specserve.spec.rejection.greedy_verify` exactly (integers). Launches that share the
+counters must be stream-ordered (one stream, as the engine runs). The kernel runs under ``TRITON_INTERPRET=1``
+on CPU tensors (the tests), has no host syncs and a grid from static shapes only (graph-capturable).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from specserve.layers.triton_fused import _pdl_wait, pdl_launch
+
+__all__ = ["argmax_rows", "greedy_verify_triton"]
+
+_CHUNK = 4096  # vocabulary entries per loop step (8 KB of bf16 logits)
+_counters: dict[tuple[str, int], torch.Tensor] = {}
+_counters_alive: list[torch.Tensor] = []  # every buffer handed out (captured graphs hold raw pointers)
+
+
+def _arrival_counters(device: torch.device, n: int) -> torch.Tensor:
+    """Zeroed int32 arrival counters (>= n) for ``device``; each launch leaves the ones it used at 0."""
+    key = (device.type, device.index if device.index is not None else -1)
+    buf = _counters.get(key)
+    if buf is None or buf.numel() < n:
+        buf = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
+        _counters[key] = buf
+        _counters_alive.append(buf)
+    return buf
+
+
+@triton.jit
+def _greedy_tail_kernel(
+    logits_ptr,
+    ids_ptr,
+    packed_ptr,
+    counter_ptr,
+    V,
+    stride_l,
+    stride_p,
+    Q: tl.constexpr,
+    Q_PAD: tl.constexpr,
+    PACK: tl.constexpr,
+    CHUNK: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    _pdl_wait(PDL)
+    row = tl.program_id(0)
+    offs = tl.arange(0, CHUNK)
+    base = logits_ptr + row.to(tl.int64) * stride_l
+    best_v = tl.full([CHUNK], float("-inf"), dtype=tl.float32)
+    best_i = tl.full([CHUNK], 2147483647, dtype=tl.int32)
+    # per lane: the first maximum of its entries (strictly greater replaces: earlier indices win ties); NaN wins
+    # as in torch.argmax (mapped to +inf, a real +inf to the largest float)
+    for start in range(0, V, CHUNK):
+        idx = start + offs
+        x = tl.load(base + idx, mask=idx < V, other=float("-inf")).to(tl.float32)
+        x = tl.where(x == float("inf"), 3.4028234663852886e38, x)
+        x = tl.where(x != x, float("inf"), x)
+        better = x > best_v
+        best_i = tl.where(better, idx, best_i)
+        best_v = tl.where(better, x, best_v)
+    top = tl.max(best_v, axis=0)
+    am = tl.min(tl.where(best_v == top, best_i, 2147483647), axis=0)  # the first index holding the maximum
+    am = tl.where(am == 2147483647, 0, am)  # a row of -inf only: index 0, as torch
+    if PACK:
+        j = row // Q
+        i = row % Q
+        tl.store(packed_ptr + j * stride_p + i, am.to(tl.int64))
+        if Q == 1:
+            tl.store(packed_ptr + j * stride_p + 1, (am * 0).to(tl.int64))
+        else:
+            tl.debug_barrier()  # the store above before the (gpu-scope) release of the atomic
+            cnt = tl.atomic_add(counter_ptr + j, 1, sem="acq_rel")
+            if cnt == Q - 1:  # the request's last row: every argmax of its rows is visible
+                tl.atomic_xchg(counter_ptr + j, 0, sem="relaxed")
+                offs_q = tl.arange(0, Q_PAD)
+                inner = offs_q < Q - 1
+                am_q = tl.load(packed_ptr + j * stride_p + offs_q, mask=inner, other=0, cache_modifier=".cg")
+                nxt = tl.load(ids_ptr + j * Q + 1 + offs_q, mask=inner, other=0)
+                miss = inner & (nxt != am_q)
+                n_match = tl.min(tl.where(miss, offs_q, Q - 1), axis=0)
+                tl.store(packed_ptr + j * stride_p + Q, n_match.to(tl.int64))
+    else:
+        tl.store(packed_ptr + row, am.to(tl.int64))
+
+
+def _check(logits: torch.Tensor) -> None:
+    if logits.dim() != 2 or logits.stride(-1) != 1:
+        raise ValueError(f"logits must be [R, V] with a contiguous last dimension, got {tuple(logits.shape)}")
+
+
+def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
+    """``logits.argmax(-1)`` of [R, V] logits as int64 [R], one launch."""
+    _check(logits)
+    r, v = logits.shape
+    out = torch.empty(r, dtype=torch.int64, device=logits.device)
+    if r == 0:
+        return out
+    pdl, kw = pdl_launch(logits.device)
+    _greedy_tail_kernel[(r,)](
+        logits, out, out, out, v, logits.stride(0), 0, Q=1, Q_PAD=2, PACK=False, CHUNK=min(_CHUNK, triton.next_power_of_2(v)),
+        PDL=pdl, num_warps=8, **kw,
+    )  # fmt: skip
+    return out
+
+
+def greedy_verify_triton(logits: torch.Tensor, ids: torch.Tensor, b: int, q: int) -> torch.Tensor:
+    """:func:`specserve.spec.rejection.greedy_verify` in one launch: int64 [b, q+1] = each of request j's q rows'
+    argmax, then ``n_match``. ``logits`` [b*q, V], ``ids`` [b*q] (int64, request-major)."""
+    _check(logits)
+    if logits.shape[0] != b * q or ids.shape != (b * q,):
+        raise ValueError(
+            f"expected {b * q} logits rows and ids, got {tuple(logits.shape)} / {tuple(ids.shape)}"
+        )
+    packed = torch.empty((b, q + 1), dtype=torch.int64, device=logits.device)
+    if b == 0:
+        return packed
+    counters = _arrival_counters(logits.device, b) if q > 1 else packed
+    pdl, kw = pdl_launch(logits.device)
+    v = logits.shape[1]
+    _greedy_tail_kernel[(b * q,)](
+        logits, ids, packed, counters, v, logits.stride(0), packed.stride(0), Q=q, Q_PAD=max(2, triton.next_power_of_2(q)), PACK=True,
+        CHUNK=min(_CHUNK, triton.next_power_of_2(v)), PDL=pdl, num_warps=8, **kw,
+    )  # fmt: skip
+    return packed
