@@ -24,10 +24,9 @@ Design (DESIGN.md §4: batch 1-8 decode and spec verify are bound by bytes read 
   are empty).
 * Merge of the splits (``SPECSERVE_ATTN_MERGE``, read per call): ``kernel`` (default) launches a second kernel
   that merges all ``num_splits`` partials (empty splits wrote lse -inf), one small CTA (:func:`merge_warps`) per
-  (token, head). ``fused`` needs no second launch: empty
-  splits exit at once; each used split stores its partials, then bumps an int32 arrival counter of its (request,
-  KV head, query tile) group (``atomic_add``, acq_rel, after a CTA barrier so every thread's stores precede the
-  release); the split that arrives last resets the counter to 0 (for the next launch / graph replay) and merges
+  (token, head). ``fused`` needs no second launch: empty splits exit at once; each used split stores its
+  partials, then bumps an int32 arrival counter of its (request, KV head, query tile) group (``atomic_add``,
+  acq_rel, after a CTA barrier so every thread's stores precede the release); the split that arrives last resets the counter to 0 (for the next launch / graph replay) and merges
   the ``used`` partials (read through L2, ``.cg``) into ``out``. The counters live in a persistent zeroed
   buffer per device (:func:`_merge_counters`); launches that share it must be stream-ordered (one stream, as
   the engine runs). Measured on the H200 (session 7, benchmarks/README.md) the fused merge is correct (200 graph
