@@ -22,17 +22,17 @@ Design (DESIGN.md §4: batch 1-8 decode and spec verify are bound by bytes read 
   ``max_seq_len`` hint, SM count), so it is CUDA-graph safe; at run time only the first ``used`` splits of a
   query tile have KV tiles (in a graph ``max_seq_len`` is the model's maximum, so most splits of a short context
   are empty).
-* Merge of the splits (``SPECSERVE_ATTN_MERGE``, read per call): ``kernel`` (default) launches a second kernel
-  that merges all ``num_splits`` partials (empty splits wrote lse -inf), one small CTA (:func:`merge_warps`) per
-  (token, head). ``fused`` needs no second launch: empty splits exit at once; each used split stores its
-  partials, then bumps an int32 arrival counter of its (request, KV head, query tile) group (``atomic_add``,
-  acq_rel, after a CTA barrier so every thread's stores precede the release); the split that arrives last resets the counter to 0 (for the next launch / graph replay) and merges
-  the ``used`` partials (read through L2, ``.cg``) into ``out``. The counters live in a persistent zeroed
-  buffer per device (:func:`_merge_counters`); launches that share it must be stream-ordered (one stream, as
-  the engine runs). Measured on the H200 (session 7, benchmarks/README.md) the fused merge is correct (200 graph
-  replays with new metadata per shape) but slower: the last split's serial merge after the atomic costs more
-  than the launch it saves (Qwen3-8B batch-1 decode: 9.2 us per layer vs 5.6 + 2.6; a DFlash K=15 step 7.19
-  vs 6.60 ms), so it is opt-in.
+* Merge of the splits (``SPECSERVE_ATTN_MERGE``, read per call): ``kernel`` (default) launches a second kernel that
+  merges all ``num_splits`` partials (empty splits wrote lse -inf), one small CTA (:func:`merge_warps`) per (token,
+  head). ``fused`` needs no second launch: empty splits exit at once; each used split stores its partials, then
+  bumps an int32 arrival counter of its (request, KV head, query tile) group (``atomic_add``, acq_rel, after a CTA
+  barrier so every thread's stores precede the release); the split that arrives last resets the counter to 0 (for
+  the next launch / graph replay) and merges the ``used`` partials (read through L2, ``.cg``) into ``out``. The
+  counters live in a persistent zeroed buffer per device (:func:`_merge_counters`); launches that share it must be
+  stream-ordered (one stream, as the engine runs). Measured on the H200 (session 7, benchmarks/README.md) the fused
+  merge is correct (200 graph replays with new metadata per shape) but slower: the last split's serial merge after
+  the atomic costs more than the launch it saves (Qwen3-8B batch-1 decode: 9.2 us per layer vs 5.6 + 2.6; a DFlash
+  K=15 step 7.19 vs 6.60 ms), so it is opt-in.
 
 * ``rope_store_paged_attention``: ``rope_store`` (q / k RMSNorm, RoPE, K/V store from the qkv GEMM's output or its
   split-K partials) folded into the attention kernel where each request's queries fit one query tile. Each program
