@@ -405,8 +405,9 @@ class ModelRunner:
                 meta = buf.meta(b, self.max_model_len + buf.q)
                 hidden, feats = self.model(v.ids, v.pos, meta)
                 logits = self.model.compute_logits(hidden)
-                # argmax on the model dtype: the same values as after .float(), half the bytes to read
-                return logits.float(), feats, greedy_verify(logits, v.ids, b, buf.q)
+                # logits stay in the model dtype (the float copy is the sampling graphs' and the host path's, not
+                # every greedy step's); the argmax of the model dtype equals the float one's
+                return logits, feats, greedy_verify(logits, v.ids, b, buf.q)
 
             def prepare(b: int, buf: PaddedBatch = buf) -> None:
                 buf.fill(b, [], self.block_size)
@@ -547,7 +548,7 @@ class ModelRunner:
             v = buf.views(b)
             temp, top_p, min_p = v.faux.unbind(1)
             num_draft, _, top_k = v.aux.unbind(1)
-            out = sample_verify(logits, v.ids, temp, top_k, top_p, min_p, num_draft, b, q, packed)
+            out = sample_verify(logits.float(), v.ids, temp, top_k, top_p, min_p, num_draft, b, q, packed)
             return packed.copy_(out)
 
         def prepare(b: int) -> None:
@@ -584,7 +585,7 @@ class ModelRunner:
         ``feed`` (async decode, q == 1): (previous step's packed output, row of each request in it): the input
         tokens are copied from there on the device instead of coming from the host.
 
-        Returns (float logits [b*q, V], tap features or None, greedy_verify's packed [b, q+1] int64).
+        Returns (logits [b*q, V] in the model dtype, tap features or None, greedy_verify's packed [b, q+1] int64).
         ``with_params``: also put each request's (num_draft, draft budget, top_k) and (temperature, top_p,
         min_p) on the device, for the fused step and in-graph sampling (otherwise zeros: all greedy).
         """
@@ -1048,7 +1049,7 @@ class ModelRunner:
                 rows.extend(range(first, first + 1 + len(s.spec_token_ids)))
             rows_t = torch.tensor(rows, device=self.device)
             if all_logits is not None:
-                logits = all_logits[rows_t]
+                logits = all_logits[rows_t].float()  # a copy (the graph's output stays as it is)
             else:
                 logits = self.model.compute_logits(hidden[rows_t]).float()
             reqs = [items[i].req for i in sampling]
