@@ -266,7 +266,7 @@ TRITON_CASES = {
     ),
 }
 
-# Split cases run with every split merge (SPECSERVE_ATTN_MERGE); the others never merge.
+# Split cases run with both split merges (SPECSERVE_ATTN_MERGE); the others never merge.
 _TRITON_PARAMS = [
     pytest.param(name, merge, id=f"{name}-{merge}" if "num_splits" in TRITON_CASES[name][3] else name)
     for name in TRITON_CASES
@@ -679,8 +679,10 @@ for h, hk, d, qlen, splits, fused, rope in [
     assert all((op in ptx) == (fused and splits > 1) for op in merge_ops), (h, d, splits, fused)
     # programmatic dependent launch: the kernel waits for its predecessor, then releases its successor
     assert "griddepcontrol.wait" in ptx and "griddepcontrol.launch_dependents" in ptx
-build(ta._merge_splits_kernel, dict(part_out_ptr="fp32", part_lse_ptr="fp32", out_ptr="bf16"),
-      dict(HEAD_DIM=128, BLOCK_D=128, NUM_SPLITS=16, SPLITS_PAD=16, PDL=True), 4)
+# the merge at the warps the engine launches it with (merge_warps: one per 4096 fp32 values of its tile)
+for d, splits in [(128, 16), (128, 32), (64, 64), (128, 64), (256, 64)]:
+    build(ta._merge_splits_kernel, dict(part_out_ptr="fp32", part_lse_ptr="fp32", out_ptr="bf16"),
+          dict(HEAD_DIM=d, BLOCK_D=d, NUM_SPLITS=splits, SPLITS_PAD=splits, PDL=True), ta.merge_warps(splits * d))
 build(ta._store_kv_kernel, dict(k_ptr="bf16", v_ptr="bf16", k_cache_ptr="bf16", v_cache_ptr="bf16", slot_ptr="i64"),
       dict(HEAD_DIM=128, BLOCK_D=128, BLOCK_H=8, BLOCK_SIZE=16, PDL=True), 4)
 print("OK")
