@@ -65,7 +65,7 @@ def test_greedy_verify_matches_torch_and_resets_counters(q: int) -> None:
         got = tam.greedy_verify_triton(logits, ids, b, q)
         assert got.tolist() == greedy_verify(logits, ids, b, q).tolist()
         if q > 1:
-            assert torch.count_nonzero(tam._arrival_counters(logits.device, b)) == 0
+            assert torch.count_nonzero(tam._merge_counters(logits.device, b)) == 0
 
 
 def test_greedy_verify_rejects_bad_shapes() -> None:

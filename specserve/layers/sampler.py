@@ -15,6 +15,7 @@ the device of the logits.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -214,8 +215,6 @@ def greedy_tail_on(device: torch.device) -> bool:
     ``TRITON_INTERPRET=1`` (the tests). H100, session 35 (benchmarks/results/h100-2026-12-06-s35): SmolLM2-135M
     plain decode at batch 1 0.568-0.569 -> 0.559-0.561 ms a step, DFlash K=7 0.966-0.975 -> 0.944-0.953 ms; the
     Qwen3-8B shape unchanged (5.78 ms at batch 1, 5.93 at 8)."""
-    import os
-
     mode = os.environ.get(GREEDY_TAIL_ENV, "").strip() or "auto"
     if mode not in ("auto", "triton", "torch"):
         raise ValueError(f"{GREEDY_TAIL_ENV} must be auto, triton or torch, got {mode!r}")

@@ -13,8 +13,9 @@ few hundred microseconds long (SmolLM2-135M: ~18 us of a 0.58 ms decode step). H
   ``n_match`` = the number of leading drafts equal to the argmax of the row before them into ``packed[j, q]``;
   with ``q == 1`` each program writes ``n_match = 0`` itself.
 
-The output equals :func:`specserve.spec.rejection.greedy_verify` exactly (integers). Launches that share the
-counters must be stream-ordered (one stream, as the engine runs). The kernel runs under ``TRITON_INTERPRET=1``
+The output equals :func:`specserve.spec.rejection.greedy_verify` exactly (integers). The counters are the
+attention's persistent zeroed buffer (``triton_attention._merge_counters``, shared as the split-K GEMMs' epilogue
+shares it): every launch leaves them at 0, and launches are stream-ordered (one stream, as the engine runs). The kernel runs under ``TRITON_INTERPRET=1``
 on CPU tensors (the tests), has no host syncs and a grid from static shapes only (graph-capturable).
 """
 
@@ -24,24 +25,12 @@ import torch
 import triton
 import triton.language as tl
 
+from specserve.layers.triton_attention import _merge_counters
 from specserve.layers.triton_fused import _pdl_wait, pdl_launch
 
 __all__ = ["argmax_rows", "greedy_verify_triton"]
 
 _CHUNK = 4096  # vocabulary entries per loop step (8 KB of bf16 logits)
-_counters: dict[tuple[str, int], torch.Tensor] = {}
-_counters_alive: list[torch.Tensor] = []  # every buffer handed out (captured graphs hold raw pointers)
-
-
-def _arrival_counters(device: torch.device, n: int) -> torch.Tensor:
-    """Zeroed int32 arrival counters (>= n) for ``device``; each launch leaves the ones it used at 0."""
-    key = (device.type, device.index if device.index is not None else -1)
-    buf = _counters.get(key)
-    if buf is None or buf.numel() < n:
-        buf = torch.zeros(max(n, 4096), dtype=torch.int32, device=device)
-        _counters[key] = buf
-        _counters_alive.append(buf)
-    return buf
 
 
 @triton.jit
@@ -131,7 +120,7 @@ def greedy_verify_triton(logits: torch.Tensor, ids: torch.Tensor, b: int, q: int
     packed = torch.empty((b, q + 1), dtype=torch.int64, device=logits.device)
     if b == 0:
         return packed
-    counters = _arrival_counters(logits.device, b) if q > 1 else packed
+    counters = _merge_counters(logits.device, b) if q > 1 else packed  # the shared zeroed arrival counters
     pdl, kw = pdl_launch(logits.device)
     v = logits.shape[1]
     _greedy_tail_kernel[(b * q,)](
