@@ -302,3 +302,42 @@ def test_seeded_and_logprobs_requests_keep_the_host_path(method, often_qwen3_dir
         _check_spec_metrics(llm)
         results.append(outs[0].outputs[0].token_ids)
     assert results[0] == results[1]
+
+
+def test_bf16_graph_logits_stay_bf16_and_sampling_reads_fp32(often_qwen3_dir, monkeypatch):
+    """The target graphs return bf16 logits (no fp32 copy on greedy steps); the sampling graph and the host path
+    (logits processing) convert them: both see fp32 logits with the bf16 values."""
+    import specserve.runner.model_runner as mr
+
+    seen: dict[str, list] = {"graph": [], "sample": [], "host": []}
+    real_sv, real_pl = mr.sample_verify, mr.ModelRunner._process_logits
+
+    def sv(logits, *a, **k):  # type: ignore[no-untyped-def]
+        seen["sample"].append(logits.dtype)
+        return real_sv(logits, *a, **k)
+
+    def pl(self, logits, items):  # type: ignore[no-untyped-def]
+        seen["host"].append(logits.dtype)
+        return real_pl(self, logits, items)
+
+    monkeypatch.setattr(mr, "sample_verify", sv)
+    monkeypatch.setattr(mr.ModelRunner, "_process_logits", pl)
+    llm = LLM(often_qwen3_dir, dtype="bfloat16", device="cpu", max_num_seqs=4, padded_decode=True)
+    runner = llm.engine.runner
+    fwd = runner._forward_uniform
+
+    def forward(*a, **k):  # type: ignore[no-untyped-def]
+        out = fwd(*a, **k)
+        seen["graph"].append(out[0].dtype)
+        return out
+
+    runner._forward_uniform = forward
+    sps = [
+        SamplingParams(temperature=0.8, max_tokens=5, ignore_eos=True),  # in-graph sampling
+        SamplingParams(temperature=0.8, max_tokens=5, ignore_eos=True, logit_bias={7: 1.0}),  # host path
+    ]
+    llm.generate(PROMPTS[:1], sps[:1])
+    llm.generate(PROMPTS[:1], sps[1:])
+    assert seen["graph"] and set(seen["graph"]) == {torch.bfloat16}
+    assert seen["sample"] and set(seen["sample"]) == {torch.float32}
+    assert seen["host"] and set(seen["host"]) == {torch.float32}
