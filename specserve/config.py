@@ -253,7 +253,7 @@ class EngineConfig:
     # plain decode steps: schedule and fill step N+1 while step N runs (vLLM's --async-scheduling); None = on with
     # CUDA graphs, True = wherever the padded path runs (CPU tests), False = off
     async_scheduling: bool | None = None
-    # fused speculative steps (DFlash, EAGLE-3; greedy or unseeded random rows): launch verify step N+1 (inputs built
+    # fused speculative steps (DFlash, EAGLE-3; greedy or random rows): launch verify step N+1 (inputs built
     # on the device from N's output) before N's tokens reach the host; needs the fused step; None = on with CUDA
     # graphs (as async_scheduling), False = off
     async_spec: bool | None = None

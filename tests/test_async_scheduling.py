@@ -230,7 +230,8 @@ def test_random_sampling_same_global_seed(pair):
 
 
 def test_not_eligible_stays_synchronous(pair):
-    """Seeded, logprobs and min_tokens-masking requests keep the host path (no async step)."""
+    """Logprobs and min_tokens-masking requests keep the host path (no async step); seeded sampled requests
+    pipeline, with the synchronous engine's tokens (their draws keyed by seed and position)."""
     sync, asy = pair
     for sp in (
         SamplingParams(temperature=0.8, seed=3, max_tokens=6),
@@ -241,7 +242,9 @@ def test_not_eligible_stays_synchronous(pair):
         got = asy.generate(PROMPTS[:2], sp)
         want = sync.generate(PROMPTS[:2], sp)
         assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in want]
-        if sp.min_tokens == 0:
+        if sp.seed is not None:
+            assert asy.engine.runner.num_async_steps > n0
+        elif sp.min_tokens == 0:
             assert asy.engine.runner.num_async_steps == n0
 
 

@@ -317,10 +317,12 @@ def test_admission_drains(often_qwen3_dir, dflash_dir):
 
 @pytest.mark.parametrize("method", ["dflash", "eagle3"])
 def test_random_rows_pipeline_too(method, often_qwen3_dir, dflash_dir, tmp_path):
-    """Random-sampling requests (temperature / top-k / top-p, no seed) beside a greedy one: the in-graph
+    """Random-sampling requests (temperature / top-k / top-p; one seeded) beside a greedy one: the in-graph
     rejection sampler runs inside the pipelined steps, consuming the random stream in the same order as the
-    synchronous engine, so every output, every verified draft and the metrics are the same; steps with random
-    rows were launched while the previous one was in flight."""
+    synchronous engine (the seeded one: the draws of its positions, which the pipelined steps compute on the
+    device), so every output, every verified draft and the metrics are the same; steps with random rows were
+    launched while the previous one was in flight. The seeded request alone on the host path (no padding, no
+    graphs' sampler) emits the same tokens."""
     from drafters import make_eagle3
 
     k = 4
@@ -329,7 +331,9 @@ def test_random_rows_pipeline_too(method, often_qwen3_dir, dflash_dir, tmp_path)
         SamplingParams(temperature=0, max_tokens=60, ignore_eos=True),
         SamplingParams(temperature=0.8, max_tokens=48, ignore_eos=True),
         SamplingParams(temperature=1.0, top_k=20, top_p=0.9, max_tokens=55, ignore_eos=True),
+        SamplingParams(temperature=0.9, seed=77, max_tokens=50, ignore_eos=True),
     ]
+    prompts = PROMPTS + [PROMPTS[0]]
     runs = []
     for async_on in (False, True):
         llm = _llm(often_qwen3_dir, drafter, k, async_on, method=method, seed=11)
@@ -339,7 +343,7 @@ def test_random_rows_pipeline_too(method, often_qwen3_dir, dflash_dir, tmp_path)
         def on_step(eng, n, runner=runner, steps=steps):  # type: ignore[no-untyped-def]
             steps.append((runner.num_async_spec_steps, runner.num_sampling_steps))
 
-        runs.append((llm, *_run(llm, PROMPTS, params, on_step), steps))
+        runs.append((llm, *_run(llm, prompts, params, on_step), steps))
     (sync, want, obs_want, _), (asy, got, obs_got, steps) = runs
     assert got == want and obs_got == obs_want
     _check_metrics(sync, asy)
@@ -348,6 +352,15 @@ def test_random_rows_pipeline_too(method, often_qwen3_dir, dflash_dir, tmp_path)
     assert both >= 5, steps
     accepted = {na for nd, na in obs_want if nd == k}
     assert 0 in accepted and len(accepted) >= 2
+    host = LLM(
+        often_qwen3_dir,
+        dtype="float32",
+        device="cpu",
+        speculative_config={"method": method, "model": drafter, "num_speculative_tokens": k},
+    )
+    assert not host.engine.runner.use_padded
+    seeded = asy.generate(prompts[3:], params[3:])[0].outputs[0].token_ids
+    assert host.generate(prompts[3:], params[3:])[0].outputs[0].token_ids == seeded
 
 
 def test_default_follows_graphs(often_qwen3_dir, dflash_dir):

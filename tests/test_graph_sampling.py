@@ -5,10 +5,13 @@ check its distributions with chi-square tests (the global torch seed is fixed so
 each with a power check: a deliberately wrong variant must fail the same test.  On CPU the "graphs" run
 eagerly on the same static buffers, so the engine tests check that temperature > 0 steps take the in-graph path
 (plain decode, n-gram, DFlash with the fused step), that greedy requests keep their exact tokens, and that
-seeded and logprobs requests keep the host path.
+logprobs requests keep the host path, and that seeded requests sample in the graphs with the host sampler's
+tokens (the counter-based noise of specserve.layers.seeded_noise).
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 import torch
@@ -18,6 +21,7 @@ from stats import chi2_pvalue
 import specserve.spec.rejection as rejection_mod
 from specserve import LLM, SamplingParams
 from specserve.layers.sampler import SamplingTensors, apply_sampling_constraints, param_row
+from specserve.layers.seeded_noise import seed_key
 from specserve.spec.rejection import greedy_verify, sample_verify
 
 VOCAB = 49152
@@ -194,6 +198,72 @@ def test_padding_drafts_are_never_accepted(num_draft):
     assert (acc_all > num_draft).float().mean() > 0.5
 
 
+# ---------------------------------------------------------------------------------------------- seeded rows
+def _seeded_verify(logits, drafts, num_draft, sps, first_pos):  # type: ignore[no-untyped-def]
+    """sample_verify over requests with per-request seeds: logits [b*q, V], drafts [b][q-1], the position of each
+    request's first sampled token."""
+    b, q = len(sps), len(drafts[0]) + 1
+    ids = torch.tensor([[7] + d for d in drafts], dtype=torch.int64).flatten()
+    pos = (torch.tensor(first_pos).unsqueeze(1) - 1 + torch.arange(q)).flatten()  # input rows' positions
+    keys = torch.tensor([seed_key(p.seed) if p.seed is not None else 0 for p in sps])
+    temp, top_k, top_p, min_p = _params(sps)
+    nd = torch.tensor(num_draft, dtype=torch.int32)
+    return sample_verify(logits, ids, temp, top_k, top_p, min_p, nd, b, q, seed_key=keys.int(), pos=pos)
+
+
+def test_seeded_rows_equal_the_host_rejection_sampler():
+    """A seeded request in the graphs' sampler emits what rejection_sample gives it on the host (the same draws:
+    seed and positions), whatever its batch, its number of real drafts or its position; other rows vary."""
+    q, b = 4, 6
+    g = torch.Generator().manual_seed(11)
+    sps = [
+        SamplingParams(temperature=0.9, seed=1),
+        SamplingParams(temperature=0.0),
+        SamplingParams(temperature=1.2, top_k=50, seed=2),
+        SamplingParams(temperature=0.8),
+        SamplingParams(temperature=1.0, top_p=0.8, seed=3),
+        SamplingParams(temperature=0.7, min_p=0.05, seed=1),
+    ]
+    emitted_lens = set()
+    for trial in range(12):
+        logits = torch.randn(b * q, VOCAB_S, generator=g) * 2
+        drafts = [torch.randint(0, VOCAB_S, (q - 1,), generator=g).tolist() for _ in range(b)]
+        for j in range(b):  # a likely first draft, so that some drafts are accepted
+            drafts[j][0] = int(logits[j * q].argmax())
+        num_draft = [(trial + j) % q for j in range(b)]
+        first = [10 * trial + 3 * j for j in range(b)]
+        packed = _seeded_verify(logits, drafts, num_draft, sps, first)
+        for j, sp in enumerate(sps):
+            if sp.seed is None:
+                continue
+            n = num_draft[j]
+            rows = logits[j * q : j * q + n + 1]
+            d = torch.tensor([drafts[j][:n]], dtype=torch.int64).view(1, n)
+            st = SamplingTensors.from_params([sp], [first[j]])
+            out, num = rejection_mod.rejection_sample(rows, d, torch.tensor([n]), st)
+            host = out[0, : int(num[0])].tolist()
+            acc = min(int(packed[j, q]), n)
+            assert packed[j, : acc + 1].tolist() == host, (trial, j)
+            emitted_lens.add(len(host))
+    assert {1, 2} <= emitted_lens  # rejections and acceptances both happened
+
+
+def test_seeded_rows_first_token_is_lossless():
+    """Across seeds, a seeded request's first emitted token follows p_0 (the draws of position n are
+    uniform over seeds) and a draft is accepted with probability p_0(draft)."""
+    n, q = 20000, 3
+    logits = _verify_logits(4)
+    p0 = _target_probs(logits[0], SP)
+    d0 = int(p0.argsort(descending=True)[2])
+    sps = [dataclasses.replace(SP, seed=s) for s in range(n)]
+    packed = _seeded_verify(logits.repeat(n, 1), [[d0, 1]] * n, [2] * n, sps, [50] * n)
+    assert chi2_pvalue(_counts(packed[:, 0], VOCAB_S), p0) > 1e-3
+    rate, want = float((packed[:, q] >= 1).double().mean()), float(p0[d0])
+    assert abs(rate - want) < 4 * (want * (1 - want) / n) ** 0.5
+    # power: the tokens do not follow a wrong distribution (p_1)
+    assert chi2_pvalue(_counts(packed[:, 0], VOCAB_S), _target_probs(logits[1], SP)) < 1e-6
+
+
 # ---------------------------------------------------------------------------------------------- engine
 @pytest.fixture(scope="module")
 def dflash_dir(tmp_path_factory) -> str:
@@ -214,14 +284,14 @@ def _spec(method: str, dflash_dir: str, draft_model: str = ""):  # type: ignore[
     }[method]
 
 
-def _llm(model: str, spec) -> LLM:  # type: ignore[no-untyped-def]
+def _llm(model: str, spec, padded: bool = True) -> LLM:  # type: ignore[no-untyped-def]
     return LLM(
-        model, dtype="float32", device="cpu", max_num_seqs=4, speculative_config=spec, padded_decode=True
+        model, dtype="float32", device="cpu", max_num_seqs=4, speculative_config=spec, padded_decode=padded
     )
 
 
 def _record(llm: LLM) -> list:
-    """Per step: (any random request, any seeded / logprobs request, in-graph sampling steps taken, uniform step)."""
+    """Per step: (any random request, any logprobs request, in-graph sampling steps taken, uniform step)."""
     runner = llm.engine.runner
     log: list = []
     execute = runner.execute
@@ -232,7 +302,7 @@ def _record(llm: LLM) -> list:
         out = execute(sched)
         ps = [s.req.params for s in sched.scheduled]
         rand = any(not p.greedy for p in ps)
-        host = any(p.seed is not None or p.logprobs is not None for p in ps)
+        host = any(p.logprobs is not None for p in ps)
         log.append((rand, host, runner.num_sampling_steps - before, uniform))
         return out
 
@@ -280,7 +350,10 @@ def test_engine_samples_in_the_graphs(method, often_qwen3_dir, dflash_dir):
 
 
 @pytest.mark.parametrize("method", ["ngram", "dflash"])
-def test_seeded_and_logprobs_requests_keep_the_host_path(method, often_qwen3_dir, dflash_dir):
+def test_logprobs_requests_keep_the_host_path_seeded_ones_do_not(method, often_qwen3_dir, dflash_dir):
+    """A logprobs request keeps its steps on the host side; a seeded one samples in the graphs, and its tokens
+    depend on nothing but its seed: not on torch's global seed (the unseeded in-graph draws), not on the path
+    (the ragged engine samples on the host), not on its batch (alone)."""
     spec = _spec(method, dflash_dir)
     sps = [
         SamplingParams(temperature=0.8, seed=11, max_tokens=6, ignore_eos=True),
@@ -302,6 +375,12 @@ def test_seeded_and_logprobs_requests_keep_the_host_path(method, often_qwen3_dir
         _check_spec_metrics(llm)
         results.append(outs[0].outputs[0].token_ids)
     assert results[0] == results[1]
+    ragged = _llm(often_qwen3_dir, spec, padded=False).generate(PROMPTS, sps)
+    assert ragged[0].outputs[0].token_ids == results[0]
+    alone = _llm(often_qwen3_dir, spec).generate(PROMPTS[:1], sps[:1])
+    assert alone[0].outputs[0].token_ids == results[0]
+    other_seed = _llm(often_qwen3_dir, spec).generate(PROMPTS[:1], [dataclasses.replace(sps[0], seed=12)])
+    assert other_seed[0].outputs[0].token_ids != results[0]
 
 
 def test_bf16_graph_logits_stay_bf16_and_sampling_reads_fp32(often_qwen3_dir, monkeypatch):

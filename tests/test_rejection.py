@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import sys
 from collections.abc import Callable
 
 import pytest
@@ -14,8 +16,11 @@ from specserve.sampling_params import SamplingParams
 from specserve.spec.rejection import PLACEHOLDER, rejection_sample
 
 
-def _st(params: list[SamplingParams], gens: list[torch.Generator | None] | None = None) -> SamplingTensors:
-    return SamplingTensors.from_params(params, gens, "cpu")
+def _st(params: list[SamplingParams], positions: list[int] | None = None) -> SamplingTensors:
+    """Sampling tensors; every request's first sampled position is 0 unless ``positions`` says otherwise."""
+    return SamplingTensors.from_params(
+        params, positions if positions is not None else [0] * len(params), "cpu"
+    )
 
 
 def _pack(per_req_logits: list[torch.Tensor], drafts: list[list[int]]) -> tuple[torch.Tensor, ...]:
@@ -221,14 +226,19 @@ def _two_step_trials(
     n: int,
     seed: int,
     rs: Callable[..., tuple[torch.Tensor, torch.Tensor]],
+    seeded: bool = False,
 ) -> torch.Tensor:
     """Sample n two-token continuations through speculative steps; return [n, 2] (x1, x2).
 
     Step 1 drafts (d1, d2) and verifies them against [LOGITS1, LOGITS2[d1], bonus].  Rows that emit a
-    single token run a second step from context x1 with one draft (or none, on odd rows).
+    single token run a second step from context x1 with one draft (or none, on odd rows).  ``seeded``: row i is
+    a request with seed ``seed * n + i`` (its draws the counter-based noise of positions 40 and 41).
     """
     gen = torch.Generator().manual_seed(seed)
-    st = _st([params] * n)
+    row_params = [params] * n
+    if seeded:
+        row_params = [dataclasses.replace(params, seed=seed * n + i) for i in range(n)]
+    st = _st(row_params, [40] * n)
     p1 = _ref_probs(LOGITS1, params)
     # biased drafters: the deterministic one proposes low-probability tokens; the random one is
     # anti-correlated with the target
@@ -274,7 +284,8 @@ def _two_step_trials(
     keep[:, 1] = nd == 1
     logits2 = stacked[keep]
     dp2 = None if q is None else q.unsqueeze(1)
-    out2, num2 = rs(logits2, d.unsqueeze(1), nd, _st([params] * m), dp2, gen)
+    st2 = _st([row_params[i] for i in redo.tolist()], [41] * m)
+    out2, num2 = rs(logits2, d.unsqueeze(1), nd, st2, dp2, gen)
     x2[redo] = out2[:, 0]
     return torch.stack([x1, x2], 1)
 
@@ -310,6 +321,18 @@ def test_lossless_chi_square(drafter: str, cfg: int) -> None:
     assert p_joint > 0.001, p_joint
 
 
+@pytest.mark.parametrize("drafter", ["det", "rand"])
+@pytest.mark.parametrize("cfg", [0, 3])
+def test_lossless_chi_square_seeded(drafter: str, cfg: int) -> None:
+    """Seeded requests (one seed per trial: the counter-based noise) are lossless too: x1 and (x1, x2) follow
+    the target although step 2 runs from where step 1 stopped (its draws those of the next position)."""
+    params = CONFIGS[cfg]
+    samples = _two_step_trials(params, drafter, 20000, seed=3 + cfg, rs=rejection_sample, seeded=True)
+    p_first, p_joint = _check(samples, params)
+    assert p_first > 0.001, p_first
+    assert p_joint > 0.001, p_joint
+
+
 def test_drafter_is_actually_biased_and_often_accepted() -> None:
     # guard against a vacuous lossless test: drafts must be accepted sometimes and rejected often
     params = CONFIGS[0]
@@ -329,6 +352,19 @@ def test_drafter_is_actually_biased_and_often_accepted() -> None:
     assert abs(rate - float(p1[det1])) < 0.02
 
 
+def test_seeded_chi_square_has_power(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Reusing position 40's draws in step 2 (a wrong position key) correlates x2 with x1: the joint test sees it."""
+    real = _st
+
+    def reused(params: list[SamplingParams], positions: list[int] | None = None) -> SamplingTensors:
+        return real(params, [40] * len(params) if positions and positions[0] == 41 else positions)
+
+    monkeypatch.setattr(sys.modules[__name__], "_st", reused)
+    params = CONFIGS[0]
+    samples = _two_step_trials(params, "det", 20000, seed=3, rs=rejection_sample, seeded=True)
+    assert _check(samples, params)[1] < 0.001
+
+
 @pytest.mark.parametrize("broken", ["always_accept", "recover_from_p"])
 @pytest.mark.parametrize("drafter", ["det", "rand"])
 def test_chi_square_has_power(broken: str, drafter: str, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -346,68 +382,82 @@ def test_chi_square_has_power(broken: str, drafter: str, monkeypatch: pytest.Mon
 # ----------------------------------------------------------------------------------------- seeding
 
 
-def _seeded_batch(seed_gen: torch.Generator, alone: bool, num_draft_cpu: bool) -> list[list[int]]:
-    """Run 25 steps for a seeded request; optionally batched with other requests."""
+def _seeded_run(seed: int, alone: bool) -> list[list[int]]:
+    """25 speculative steps of a seeded request (3 drafts each) whose position advances by what it emits, alone
+    or batched with others (different drafts, positions, seeds; a greedy one)."""
     vocab = 40
     data = torch.Generator().manual_seed(77)
-    res = []
-    for _ in range(25):
+    params = SamplingParams(temperature=1.0, top_p=0.95, seed=seed)
+    res, pos = [], 50
+    for step in range(25):
         lg = torch.randn(4, vocab, generator=data)
         drafts = torch.randint(0, vocab, (3,), generator=data).tolist()
-        params = SamplingParams(temperature=1.0, top_p=0.95, seed=5)
+        drafts[0] = int(lg[0].argmax())  # likely accepted: the run sees acceptances and rejections
         if alone:
             tl, d, n = _pack([lg], [drafts])
-            st = _st([params], [seed_gen])
-            ndc = [3] if num_draft_cpu else None
             out, num = rejection_sample(
-                tl, d, n, st, fallback=torch.Generator().manual_seed(1), num_draft_cpu=ndc
+                tl, d, n, _st([params], [pos]), fallback=torch.Generator().manual_seed(1)
             )
-            res.append(_emitted(out, num)[0])
+            toks = _emitted(out, num)[0]
         else:
             other = torch.randn(6, vocab)
-            per = [other[:2], lg, other[2:3], other[3:6]]
-            dr = [[1], drafts, [], [2, 3]]
-            tl, d, n = _pack(per, dr)
+            tl, d, n = _pack([other[:2], lg, other[2:3], other[3:6]], [[1], drafts, [], [2, 3]])
             ps = [
                 SamplingParams(temperature=0.5),
                 params,
                 SamplingParams(temperature=0.0),
                 SamplingParams(temperature=1.0, seed=9),
             ]
-            st = _st(ps, [None, seed_gen, None, torch.Generator().manual_seed(9)])
-            ndc = [1, 3, 0, 2] if num_draft_cpu else None
-            out, num = rejection_sample(
-                tl, d, n, st, fallback=torch.Generator().manual_seed(2), num_draft_cpu=ndc
-            )
-            res.append(_emitted(out, num)[1])
+            st = _st(ps, [step, pos, 3, pos])
+            out, num = rejection_sample(tl, d, n, st, fallback=torch.Generator().manual_seed(2 + step))
+            toks = _emitted(out, num)[1]
+        res.append(toks)
+        pos += len(toks)
     return res
 
 
-@pytest.mark.parametrize("num_draft_cpu", [False, True])
-def test_seeded_rows_reproducible_and_batch_independent(num_draft_cpu: bool) -> None:
-    a = _seeded_batch(torch.Generator().manual_seed(5), alone=True, num_draft_cpu=num_draft_cpu)
-    b = _seeded_batch(torch.Generator().manual_seed(5), alone=True, num_draft_cpu=num_draft_cpu)
-    c = _seeded_batch(torch.Generator().manual_seed(5), alone=False, num_draft_cpu=num_draft_cpu)
-    d = _seeded_batch(torch.Generator().manual_seed(6), alone=True, num_draft_cpu=num_draft_cpu)
-    assert a == b
-    assert a == c  # same K (3) in both cases, so even without host counts the stream matches
-    assert a != d
+def test_seeded_rows_reproducible_and_batch_independent() -> None:
+    a = _seeded_run(5, alone=True)
+    assert a == _seeded_run(5, alone=True)
+    assert a == _seeded_run(5, alone=False)  # the batch around it changes nothing
+    assert a != _seeded_run(6, alone=True)
+    lens = [len(t) for t in a]
+    assert min(lens) == 1 and max(lens) >= 2  # both rejections and acceptances happened
 
 
 def test_seeded_zero_draft_row_matches_plain_sampler() -> None:
-    # with host counts, a seeded request without drafts consumes its generator exactly like sample()
+    """A seeded request without drafts draws the token at its position exactly as sample() does there."""
     vocab = 30
     data = torch.Generator().manual_seed(3)
     params = SamplingParams(temperature=0.9, seed=11)
-    g1, g2 = torch.Generator().manual_seed(11), torch.Generator().manual_seed(11)
     via_sample, via_rs = [], []
-    for _ in range(30):
+    for i in range(30):
         lg = torch.randn(1, vocab, generator=data)
-        via_sample.append(int(sample(lg, _st([params], [g1]))[0]))
+        via_sample.append(int(sample(lg, _st([params], [i]))[0]))
         other = torch.randn(3, vocab)
         tl, d, n = _pack([lg, other], [[], [4, 5]])
-        st = _st([params, SamplingParams(temperature=1.0)], [g2, None])
-        out, num = rejection_sample(tl, d, n, st, num_draft_cpu=[0, 2])
+        st = _st([params, SamplingParams(temperature=1.0)], [i, 2 * i])
+        out, num = rejection_sample(tl, d, n, st)
         assert int(num[0]) == 1
         via_rs.append(int(out[0, 0]))
     assert via_sample == via_rs
+    assert len(set(via_sample)) > 10
+
+
+def test_seeded_rejection_emits_the_plain_sampler_token_at_the_rejected_position() -> None:
+    """Drafting never changes which noise decides a position: with point-mass drafts rejected at once, the
+    recovered token at position n is drawn from p with the draft removed by the race of position n."""
+    vocab = 30
+    data = torch.Generator().manual_seed(4)
+    params = SamplingParams(temperature=1.0, seed=21)
+    for i in range(20):
+        lg = torch.randn(2, vocab, generator=data)
+        p = torch.softmax(lg[0], -1)
+        bad = int(p.argmin())  # almost surely rejected
+        tl, d, n = _pack([lg], [[bad]])
+        out, num = rejection_sample(tl, d, n, _st([params], [100 + i]))
+        if int(num[0]) != 1:
+            continue
+        masked = lg[:1].clone()
+        masked[0, bad] = float("-inf")
+        assert int(out[0, 0]) == int(sample(masked, _st([params], [100 + i]))[0])

@@ -15,11 +15,15 @@ from specserve.layers.sampler import (
     gather_logprobs,
     sample,
 )
+from specserve.layers.seeded_noise import seed_key
 from specserve.sampling_params import SamplingParams
 
 
-def _st(params: list[SamplingParams], gens: list[torch.Generator | None] | None = None) -> SamplingTensors:
-    return SamplingTensors.from_params(params, gens, "cpu")
+def _st(params: list[SamplingParams], positions: list[int] | None = None) -> SamplingTensors:
+    """Sampling tensors; every row samples position 0 unless ``positions`` says otherwise."""
+    return SamplingTensors.from_params(
+        params, positions if positions is not None else [0] * len(params), "cpu"
+    )
 
 
 def _kept(logits: torch.Tensor, params: SamplingParams) -> set[int]:
@@ -35,14 +39,13 @@ def test_chi2_helper_sanity() -> None:
 
 
 def test_from_params_and_flags() -> None:
-    g = torch.Generator().manual_seed(1)
     st = _st(
         [
-            SamplingParams(temperature=0.0, top_k=5, top_p=0.5),
+            SamplingParams(temperature=0.0, top_k=5, top_p=0.5, seed=4),
             SamplingParams(temperature=0.8, top_k=1),
             SamplingParams(temperature=0.7, top_p=0.9, min_p=0.1, seed=3),
         ],
-        [None, None, g],
+        [5, 6, 7],
     )
     assert st.greedy.tolist() == [True, True, False]
     assert st.temperature.tolist()[:2] == [0.0, 0.0]
@@ -51,21 +54,32 @@ def test_from_params_and_flags() -> None:
     assert st.top_k.tolist() == [0, 0, 0]
     assert st.no_top_k and not st.no_top_p and not st.no_min_p
     assert not st.all_greedy and not st.all_random
-    assert st.generators[2] is g
+    assert st.seed_keys == [0, 0, seed_key(3)]  # a greedy row's seed draws nothing
+    assert st.positions == [5, 6, 7]
     assert _st([SamplingParams(temperature=0.0)]).all_greedy
     assert _st([SamplingParams(temperature=1.0)]).all_random
-    with pytest.raises(ValueError):
-        SamplingTensors.from_params([SamplingParams()], [None, None], "cpu")
+    with pytest.raises(ValueError, match="positions"):
+        SamplingTensors.from_params([SamplingParams()], [1, 2], "cpu")
+    with pytest.raises(ValueError, match="positions"):  # a seeded random row needs its position
+        SamplingTensors.from_params([SamplingParams(temperature=1.0, seed=1)], None, "cpu")
+    assert SamplingTensors.from_params([SamplingParams(temperature=1.0)], None, "cpu").positions is None
+
+
+def test_seed_keys() -> None:
+    keys = [seed_key(s) for s in range(-50, 2000)]
+    assert all(1 <= k < 2**31 for k in keys)  # non-zero (0 = unseeded) and int32
+    assert len(set(keys)) == len(keys)
+    assert seed_key(2**64 + 5) == seed_key(5)  # a 64-bit seed
 
 
 def test_repeat_interleave() -> None:
-    g = torch.Generator().manual_seed(0)
-    st = _st([SamplingParams(temperature=0.5, top_k=3), SamplingParams(temperature=0.0)], [g, None])
+    st = _st([SamplingParams(temperature=0.5, top_k=3, seed=9), SamplingParams(temperature=0.0)], [10, 4])
     ex = st.repeat_interleave([3, 1])
     assert ex.temperature.tolist() == [0.5, 0.5, 0.5, 0.0]
     assert ex.top_k.tolist() == [3, 3, 3, 0]
     assert ex.greedy.tolist() == [False, False, False, True]
-    assert ex.generators == [g, g, g, None]
+    assert ex.seed_keys == [seed_key(9)] * 3 + [0]
+    assert ex.positions == [10, 11, 12, 4]  # a request's rows sample consecutive positions
     assert not ex.no_top_k
 
 
@@ -148,16 +162,22 @@ def test_constraints_are_per_row_and_do_not_modify_input() -> None:
     assert torch.equal(out[2], logits[2])  # greedy rows: divided by 1, filters neutral
 
 
-def test_seeded_generator_reproducible_and_seed_dependent() -> None:
+def test_seeded_rows_reproducible_seed_and_position_dependent() -> None:
     logits = torch.zeros(1, 1000)  # uniform over 1000 tokens
 
-    def run(seed: int) -> list[int]:
-        g = torch.Generator().manual_seed(seed)
-        st = _st([SamplingParams(temperature=1.0, seed=seed)], [g])
-        return [int(sample(logits, st)[0]) for _ in range(20)]
+    def run(seed: int, start: int = 0) -> list[int]:
+        sp = SamplingParams(temperature=1.0, seed=seed)
+        return [int(sample(logits, _st([sp], [start + i]))[0]) for i in range(20)]
 
     assert run(7) == run(7)
     assert run(7) != run(8)
+    assert len(set(run(7))) > 15  # a new draw at every position
+    assert run(7, 5)[:15] == run(7)[5:]  # a function of (seed, position): nothing else
+    # torch's generator is not involved
+    torch.manual_seed(0)
+    a = run(3)
+    torch.manual_seed(1)
+    assert run(3) == a
 
 
 def test_fallback_generator_reproducible() -> None:
@@ -176,21 +196,18 @@ def test_seeded_row_independent_of_batch() -> None:
     base = torch.randn(vocab)
     params = SamplingParams(temperature=1.0, top_p=0.95, seed=42)
 
-    g = torch.Generator().manual_seed(42)
-    alone = [int(sample(base.unsqueeze(0), _st([params], [g]))[0]) for _ in range(40)]
+    alone = [int(sample(base.unsqueeze(0), _st([params], [100 + i]))[0]) for i in range(40)]
 
-    g = torch.Generator().manual_seed(42)
-    other = torch.Generator().manual_seed(1)
     batch_params = [
         SamplingParams(temperature=0.5, top_k=5),
         params,
         SamplingParams(temperature=0.0),
         SamplingParams(temperature=1.2, seed=1),
     ]
-    st = _st(batch_params, [None, g, None, other])
     fallback = torch.Generator().manual_seed(123)
     in_batch = []
-    for _ in range(40):
+    for i in range(40):
+        st = _st(batch_params, [7 * i, 100 + i, 3, 100 + i])
         logits = torch.randn(4, vocab)
         logits[1] = base
         in_batch.append(int(sample(logits, st, fallback)[1]))
@@ -275,3 +292,21 @@ def test_argmax_last_equals_argmax_on_cpu(dtype: torch.dtype) -> None:
     for t in (x, x[0], x.view(2, 3, 5000), torch.randn(3, 4, 49152, generator=g).to(dtype)):
         assert torch.equal(argmax_last(t), t.argmax(-1))
     assert argmax_last(x)[:5].tolist() == [17, 9, 11, 0, 0]
+
+
+@pytest.mark.parametrize("over", ["seeds", "positions"])
+def test_seeded_sample_distribution_chi_square(over: str) -> None:
+    """Seeded rows draw from the target distribution: across 20k seeds at one position, and across 20k positions
+    of one seed (the counter-based noise, not torch's generator)."""
+    logits = torch.tensor([1.0, 0.2, -0.5, 2.0, 0.0, -2.0, 1.5, -1.0])
+    n = 20000
+    if over == "seeds":
+        st = _st([SamplingParams(temperature=0.7, top_p=0.9, seed=s) for s in range(n)], [3] * n)
+    else:
+        st = _st([SamplingParams(temperature=0.7, top_p=0.9, seed=12345)] * n, list(range(n)))
+    assert all(st.seed_keys)
+    tokens = sample(logits.expand(n, -1), st)
+    counts = torch.bincount(tokens, minlength=8)
+    target = _target_probs(logits, 0.7, 0.9)
+    assert chi2_pvalue(counts, target) > 0.001
+    assert chi2_pvalue(counts, _target_probs(logits, 0.8, 0.9)) < 0.001  # power: a wrong temperature

@@ -439,8 +439,8 @@ class LLMEngine:
         without waiting; step N+1 is scheduled assuming each request gets one token from N, and launched with its
         input tokens gathered on the device from N's output; only then does the host wait for N and process its
         tokens, so this host work overlaps N+1 on the device. Each call still returns one step's outputs, in the
-        order the synchronous engine would. Fused greedy speculative steps (DFlash, EAGLE-3) are pipelined the same way (see _step_spec).
-        Anything else (prefill, admissions, random / seeded / logprobs requests, host-side drafting, running out
+        order the synchronous engine would. Fused speculative steps (DFlash, EAGLE-3) are pipelined the same way (see _step_spec).
+        Anything else (prefill, admissions, logprobs requests, host-side drafting, running out
         of blocks, requests near their end) drains the pipeline and runs synchronously.
         """
         if self._inflight_spec is not None:
@@ -542,7 +542,7 @@ class LLMEngine:
             or len(items) > sch.max_num_seqs
         ):
             return None
-        if not runner._graph_sampling_ok(items):  # greedy and unseeded random rows pipeline alike
+        if not runner._graph_sampling_ok(items):  # greedy, random and seeded rows pipeline alike
             return None
         for r in sch.running:  # no preemption here: when blocks run out, the synchronous step handles it
             if not self.block_manager.allocate(r, r.num_computed_tokens + 3 * q):

@@ -43,7 +43,6 @@ class Request:
     num_cached_tokens: int = 0  # prefix-cache hit at first schedule
     block_table: list[int] = field(default_factory=list)
     spec_token_ids: list[int] = field(default_factory=list)  # drafts to verify in the next step
-    generator: Any = None  # torch.Generator for seeded sampling (owned by the runner's device)
     output_logprobs: list[dict[int, Logprob]] = field(default_factory=list)
     cumulative_logprob: float = 0.0
     output_text: str = ""

@@ -7,10 +7,10 @@ Semantics follow vLLM's V1 sampler:
   exponential race ``argmax(probs / E)`` with ``E ~ Exp(1)``, which equals a categorical draw;
 * logprobs are the log-softmax of the raw logits (vLLM's default ``raw_logprobs``).
 
-Everything is batched over rows and vocabulary.  The only Python loop is over rows that carry their
-own seeded ``torch.Generator``: each such row draws its noise from its own generator, and only from
-it, so a seeded request's tokens do not depend on the rest of the batch.  Generators must live on
-the device of the logits.
+Everything is batched over rows and vocabulary.  Rows of seeded requests draw their noise from
+:mod:`specserve.layers.seeded_noise`: a hash of the request's seed and the position of the token being
+sampled, so a seeded request's tokens depend on nothing else (not the batch, not the graphs, not the
+step pipelining); the other rows draw from torch's generator (``fallback`` or the default one).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
+from specserve.layers.seeded_noise import race_exponential, seed_key
 from specserve.sampling_params import SamplingParams
 
 _GREEDY_EPS = 1e-5
@@ -40,7 +41,8 @@ class SamplingTensors:
     top_p: torch.Tensor  # [B] float32; 1.0 = disabled
     min_p: torch.Tensor  # [B] float32; 0.0 = disabled
     greedy: torch.Tensor  # [B] bool
-    generators: list[torch.Generator | None]  # per row: the request's seeded generator, or None
+    seed_keys: list[int]  # per row: the request's seed key (seeded_noise.seed_key), 0 = unseeded
+    positions: list[int] | None  # per row: the position of the token it samples (needed by seeded rows)
     all_greedy: bool
     all_random: bool
     no_top_k: bool
@@ -49,19 +51,23 @@ class SamplingTensors:
 
     @property
     def num_rows(self) -> int:
-        return len(self.generators)
+        return len(self.seed_keys)
 
     @classmethod
     def from_params(
         cls,
         params: Sequence[SamplingParams],
-        generators: Sequence[torch.Generator | None] | None = None,
+        positions: Sequence[int] | None = None,
         device: torch.device | str | None = None,
     ) -> SamplingTensors:
+        """``positions``: the position (index in prompt + output) of the token each row samples; required when
+        a random row has a seed (its noise is a function of seed and position)."""
         n = len(params)
-        gens: list[torch.Generator | None] = list(generators) if generators is not None else [None] * n
-        if len(gens) != n:
-            raise ValueError(f"got {len(gens)} generators for {n} sampling params")
+        if positions is not None and len(positions) != n:
+            raise ValueError(f"got {len(positions)} positions for {n} sampling params")
+        keys = [seed_key(p.seed) if p.seed is not None and not p.greedy else 0 for p in params]
+        if any(keys) and positions is None:
+            raise ValueError("seeded sampling rows need the positions of the tokens they sample")
         greedy = [p.greedy for p in params]
         rows = [param_row(p) for p in params]
         temperature = [r[0] for r in rows]
@@ -74,7 +80,8 @@ class SamplingTensors:
             top_p=torch.tensor(top_p, dtype=torch.float32, device=device),
             min_p=torch.tensor(min_p, dtype=torch.float32, device=device),
             greedy=torch.tensor(greedy, dtype=torch.bool, device=device),
-            generators=gens,
+            seed_keys=keys,
+            positions=list(positions) if positions is not None else None,
             all_greedy=all(greedy),
             all_random=not any(greedy),
             no_top_k=all(k <= 0 for k in top_k),
@@ -85,8 +92,8 @@ class SamplingTensors:
     def repeat_interleave(self, counts: Sequence[int]) -> SamplingTensors:
         """Expand per-request rows to per-token rows (row i repeated counts[i] times).
 
-        The host flags stay valid (they hold for any subset of rows).  A seeded row's generator
-        object is shared by its copies.
+        The host flags stay valid (they hold for any subset of rows).  The copies of a row sample consecutive
+        positions (its position, then the next ones).
         """
         if len(counts) != self.num_rows:
             raise ValueError(f"got {len(counts)} counts for {self.num_rows} rows")
@@ -96,14 +103,18 @@ class SamplingTensors:
         def rep(t: torch.Tensor) -> torch.Tensor:
             return t.repeat_interleave(reps, dim=0, output_size=total)
 
-        gens = [g for g, c in zip(self.generators, counts) for _ in range(c)]
+        keys = [key for key, c in zip(self.seed_keys, counts) for _ in range(c)]
+        pos = None
+        if self.positions is not None:
+            pos = [p + i for p, c in zip(self.positions, counts) for i in range(c)]
         return SamplingTensors(
             temperature=rep(self.temperature),
             top_k=rep(self.top_k),
             top_p=rep(self.top_p),
             min_p=rep(self.min_p),
             greedy=rep(self.greedy),
-            generators=gens,
+            seed_keys=keys,
+            positions=pos,
             all_greedy=self.all_greedy,
             all_random=self.all_random,
             no_top_k=self.no_top_k,
@@ -137,7 +148,8 @@ def static_sampling_tensors(
         top_p=top_p.to(torch.float32),
         min_p=min_p.to(torch.float32),
         greedy=temperature < _GREEDY_EPS,
-        generators=[None] * n,
+        seed_keys=[0] * n,
+        positions=None,
         all_greedy=False,
         all_random=False,
         no_top_k=False,
@@ -185,22 +197,33 @@ def apply_sampling_constraints(logits: torch.Tensor, st: SamplingTensors) -> tor
 def draw_exponential(
     num_rows: int,
     vocab: int,
-    generators: Sequence[torch.Generator | None],
+    seed_keys: Sequence[int],
+    positions: Sequence[int] | torch.Tensor | None,
     fallback: torch.Generator | None = None,
     device: torch.device | str | None = None,
 ) -> torch.Tensor:
-    """[num_rows, vocab] float32 Exp(1) noise, clamped away from 0 (so ``0 / E`` is never NaN).
+    """[num_rows, vocab] float32 Exp(1) noise, never 0 (so ``0 / E`` is never NaN).
 
-    Row i is drawn from ``generators[i]`` when it is set (and from nothing else), otherwise from
-    ``fallback`` (or torch's default generator).
+    Row i with a seed key (non-zero ``seed_keys[i]``) gets the seeded race noise of the token at
+    ``positions[i]`` (:func:`specserve.layers.seeded_noise.race_exponential`) and nothing else; the other rows
+    come from ``fallback`` (or torch's default generator).
     """
     e = torch.empty(num_rows, vocab, dtype=torch.float32, device=device)
-    seeded = [i for i, g in enumerate(generators) if g is not None]
+    seeded = [i for i, key in enumerate(seed_keys) if key]
     if len(seeded) < num_rows:
         e.exponential_(generator=fallback)
-    for i in seeded:
-        e[i].exponential_(generator=generators[i])
-    return e.clamp_(min=torch.finfo(torch.float32).tiny)
+        e.clamp_(min=torch.finfo(torch.float32).tiny)
+    if seeded:
+        if positions is None:
+            raise ValueError("seeded rows need positions")
+        pos = torch.as_tensor(positions, dtype=torch.int64, device=e.device)
+        idx = torch.tensor(seeded, dtype=torch.int64, device=e.device)
+        keys = torch.tensor([seed_keys[i] for i in seeded], dtype=torch.int64, device=e.device)
+        noise = race_exponential(keys, pos.index_select(0, idx), vocab)
+        if len(seeded) == num_rows:
+            return noise
+        e.index_copy_(0, idx, noise)
+    return e
 
 
 GREEDY_TAIL_ENV = "SPECSERVE_GREEDY_TAIL"
@@ -247,11 +270,12 @@ def argmax_graph(x: torch.Tensor) -> torch.Tensor:
 
 def random_sample(
     probs: torch.Tensor,
-    generators: Sequence[torch.Generator | None],
+    seed_keys: Sequence[int],
+    positions: Sequence[int] | torch.Tensor | None,
     fallback: torch.Generator | None = None,
 ) -> torch.Tensor:
     """Categorical draw per row of ``probs`` [N, V] (need not be normalized) via argmax(probs / E)."""
-    e = draw_exponential(probs.shape[0], probs.shape[1], generators, fallback, probs.device)
+    e = draw_exponential(probs.shape[0], probs.shape[1], seed_keys, positions, fallback, probs.device)
     return argmax_last(probs.to(torch.float32) / e)
 
 
@@ -265,7 +289,7 @@ def sample(
     if st.all_greedy:
         return greedy_tokens
     probs = apply_sampling_constraints(logits, st).softmax(dim=-1)
-    random_tokens = random_sample(probs, st.generators, fallback)
+    random_tokens = random_sample(probs, st.seed_keys, st.positions, fallback)
     if st.all_random:
         return random_tokens
     return torch.where(st.greedy, greedy_tokens, random_tokens)

@@ -20,8 +20,10 @@ from specserve.config import EngineConfig, ModelConfig
 from specserve.engine.scheduler import SchedulerOutput
 from specserve.layers.attention import AttnMetadata, make_backend
 from specserve.layers.sampler import SamplingTensors, compute_logprobs, gather_logprobs, param_row, sample
+from specserve.layers.seeded_noise import seed_key
 from specserve.models.llama import DecoderLM
 from specserve.runner.cuda_graphs import BucketedGraphs, PaddedBatch, batch_buckets
+from specserve.sampling_params import SamplingParams
 from specserve.spec.proposer import DraftInput, Proposer
 from specserve.spec.rejection import greedy_verify, rejection_sample, sample_verify
 
@@ -75,6 +77,11 @@ class InflightSpec:
     num_draft: torch.Tensor
     budget: torch.Tensor
     first: torch.Tensor
+
+
+def _seed_key(params: SamplingParams) -> int:
+    """The in-graph sampling's seed column: the request's seed key, 0 for greedy and unseeded requests."""
+    return seed_key(params.seed) if params.seed is not None and not params.greedy else 0
 
 
 @torch.no_grad()
@@ -328,11 +335,15 @@ class ModelRunner:
 
     @staticmethod
     def _profile_sampling(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        """sample_verify over every row as a random row of its own (every filter runs in the graphs anyway)."""
+        """sample_verify over every row as a seeded random row of its own (every filter and the seeded noise run
+        in the graphs anyway)."""
         rows = logits.shape[0]
         ones = torch.ones(rows, dtype=torch.float32, device=logits.device)
         zeros = torch.zeros(rows, dtype=torch.int32, device=logits.device)
-        return sample_verify(logits, ids, ones, zeros, ones, ones * 0, zeros, rows, 1)
+        pos = torch.arange(rows, device=logits.device)
+        return sample_verify(
+            logits, ids, ones, zeros, ones, ones * 0, zeros, rows, 1, seed_key=zeros + 1, pos=pos
+        )
 
     def allocate_kv_cache(self, num_blocks: int) -> None:
         c = self.model_config
@@ -396,9 +407,9 @@ class ModelRunner:
         self.sample_graphs: dict[int, BucketedGraphs] = {}
         self._sample_in: tuple[torch.Tensor, torch.Tensor] | None = None
         for q in sorted({1, self.num_speculative_tokens + 1}, reverse=True):
-            # per request: ints (num_draft, draft budget, top_k), floats (temperature, top_p, min_p); the first
-            # two for a fused step, all for in-graph sampling (see _forward_uniform)
-            buf = self.padded[q] = PaddedBatch(max_b, q, self.max_blocks_per_seq, dev, num_aux=3, num_faux=3)
+            # per request: ints (num_draft, draft budget, top_k, seed key), floats (temperature, top_p, min_p); the
+            # first two for a fused step, all for in-graph sampling (see _forward_uniform)
+            buf = self.padded[q] = PaddedBatch(max_b, q, self.max_blocks_per_seq, dev, num_aux=4, num_faux=3)
 
             def fn(b: int, buf: PaddedBatch = buf) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
                 v = buf.views(b)
@@ -547,8 +558,21 @@ class ModelRunner:
             logits, packed = self._sample_in
             v = buf.views(b)
             temp, top_p, min_p = v.faux.unbind(1)
-            num_draft, _, top_k = v.aux.unbind(1)
-            out = sample_verify(logits.float(), v.ids, temp, top_k, top_p, min_p, num_draft, b, q, packed)
+            num_draft, _, top_k, key = v.aux.unbind(1)
+            out = sample_verify(
+                logits.float(),
+                v.ids,
+                temp,
+                top_k,
+                top_p,
+                min_p,
+                num_draft,
+                b,
+                q,
+                packed,
+                seed_key=key,
+                pos=v.pos,
+            )
             return packed.copy_(out)
 
         def prepare(b: int) -> None:
@@ -586,7 +610,7 @@ class ModelRunner:
         tokens are copied from there on the device instead of coming from the host.
 
         Returns (logits [b*q, V] in the model dtype, tap features or None, greedy_verify's packed [b, q+1] int64).
-        ``with_params``: also put each request's (num_draft, draft budget, top_k) and (temperature, top_p,
+        ``with_params``: also put each request's (num_draft, draft budget, top_k, seed key) and (temperature, top_p,
         min_p) on the device, for the fused step and in-graph sampling (otherwise zeros: all greedy).
         """
         graphs = self.graphs[q]
@@ -602,7 +626,9 @@ class ModelRunner:
             aux, faux = [], []
             for s in items:
                 temp, top_k, top_p, min_p = param_row(s.req.params)
-                aux.append([len(s.spec_token_ids), self._draft_budget(s.req, 1), top_k])
+                aux.append(
+                    [len(s.spec_token_ids), self._draft_budget(s.req, 1), top_k, _seed_key(s.req.params)]
+                )
                 faux.append([temp, top_p, min_p])
         self.padded[q].fill(b, rows, self.block_size, aux, faux)
         if feed is not None:
@@ -638,13 +664,13 @@ class ModelRunner:
 
     @staticmethod
     def _graph_sampling_ok(items: list) -> bool:  # type: ignore[type-arg]
-        """True when the graphs' argmax / random sampling and acceptance are the whole answer: every request is
-        greedy or random without a seed (a seeded request's stream must not depend on its batch: host path), no
-        logprobs, and nothing edits logits (min_tokens still masking stop tokens; see _process_logits). Mixed
-        greedy + random batches are eligible."""
+        """True when the graphs' argmax / random sampling and acceptance are the whole answer: no logprobs, and
+        nothing edits logits (min_tokens still masking stop tokens; see _process_logits). Greedy, random and
+        seeded random requests are eligible, mixed too (a seeded request's draws are the counter-based noise of
+        its seed and positions: the same in the graphs as on the host path)."""
         for s in items:
             p = s.req.params
-            if p.logprobs is not None or (p.seed is not None and not p.greedy):
+            if p.logprobs is not None:
                 return False
             if p.min_tokens and p._all_stop_token_ids and s.req.num_output_tokens < p.min_tokens:
                 return False
@@ -720,15 +746,6 @@ class ModelRunner:
 
     def slot(self, block_table: list[int], pos: int) -> int:
         return block_table[pos // self.block_size] * self.block_size + pos % self.block_size
-
-    def generator_for(self, req) -> torch.Generator | None:  # type: ignore[no-untyped-def]
-        if req.params.seed is None:
-            return None
-        if req.generator is None:
-            g = torch.Generator(device=self.device)
-            g.manual_seed(req.params.seed)
-            req.generator = g
-        return req.generator
 
     def _prompt_logprobs(self, items: list, hidden: torch.Tensor, offsets: list[int], outputs: dict) -> None:  # type: ignore[type-arg]
         """SamplingParams.prompt_logprobs: the logprobs of the prompt tokens this chunk predicts (position p's row
@@ -883,7 +900,7 @@ class ModelRunner:
     # ------------------------------------------------------------------ async fused speculative steps
     def can_launch_spec_async(self, items: list) -> bool:  # type: ignore[type-arg]
         """A step that ``execute`` runs as a fused step: every request runs one committed token (+ its drafts,
-        some request has drafts) and samples, greedy or unseeded random, answered by the graphs alone (the
+        some request has drafts) and samples, greedy or random, answered by the graphs alone (the
         in-graph rejection sampler for random rows). Not while profiling."""
         return (
             self.async_spec
@@ -919,7 +936,10 @@ class ModelRunner:
             rows = [
                 ([s.req.token_ids[s.start]] + s.spec_token_ids, s.start, s.req.block_table) for s in items
             ]
-            aux = [[len(s.spec_token_ids), self._draft_budget(s.req, 1), p[1]] for s, p in zip(items, params)]
+            aux = [
+                [len(s.spec_token_ids), self._draft_budget(s.req, 1), p[1], _seed_key(s.req.params)]
+                for s, p in zip(items, params)
+            ]
             buf.fill(b, rows, bs, aux, faux)
             # this step's own copies (the next step's fill overwrites the buffers read here): .long() of the
             # int32 columns copies; first is copied contiguous for the bookkeeping kernel of the next step
@@ -929,7 +949,11 @@ class ModelRunner:
         else:
             # block tables (allocated for the worst case) and sampling parameters on the host; everything else
             # from prev on the device (aux columns 0-1, num_draft and budget, are overwritten below)
-            top_k = [[0, 0, p[1]] for p in params] if random_rows else None
+            top_k = (
+                [[0, 0, p[1], _seed_key(s.req.params)] for s, p in zip(items, params)]
+                if random_rows
+                else None
+            )
             buf.fill(b, [([0], s.req.num_computed_tokens, s.req.block_table) for s in items], bs, top_k, faux)
             order = {id(s.req): i for i, s in enumerate(prev.items)}
             idx = [order[id(s.req)] for s in items]
@@ -1057,8 +1081,9 @@ class ModelRunner:
             # logprobs are the raw model's (vLLM's default raw_logprobs), taken before any processing
             lp_all = compute_logprobs(logits) if any(want_lp) else None
             self._process_logits(logits, [items[i] for i in sampling])
-            gens = [self.generator_for(r) for r in reqs]
-            st = SamplingTensors.from_params([r.params for r in reqs], gens, self.device)
+            # the position each request samples first (its seeded draws are keyed by it)
+            first_pos = [items[i].start + items[i].num_new_tokens for i in sampling]
+            st = SamplingTensors.from_params([r.params for r in reqs], first_pos, self.device)
             num_draft = [len(items[i].spec_token_ids) for i in sampling]
             kmax = max(num_draft)
             if kmax == 0:
@@ -1076,7 +1101,6 @@ class ModelRunner:
                     torch.tensor(num_draft, device=self.device),
                     st,
                     fallback=self.generator,
-                    num_draft_cpu=num_draft,
                 )
                 out_l, ne_l = out.tolist(), num_emitted.tolist()
                 per_req = [out_l[j][: ne_l[j]] for j in range(len(sampling))]

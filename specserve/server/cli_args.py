@@ -277,7 +277,7 @@ def make_arg_parser() -> OneLineArgumentParser:
         "--async-spec",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="Launch the next fused speculative step (DFlash, EAGLE-3; greedy or unseeded sampling) before the "
+        help="Launch the next fused speculative step (DFlash, EAGLE-3; greedy or random sampling) before the "
         "current one's tokens reach the host (default: on with CUDA graphs; on the H200 a DFlash K=15 step of an 8B "
         "shape 5.83 vs 5.92-6.07 ms, SmolLM2 chat +5-18%% tokens/s).",
     )

@@ -6,7 +6,7 @@ verified token plus the accepted drafts), so its cache follows the committed seq
 nothing (a non-sampling prefill chunk, the draft budget at 0, ``disable_by_batch_size``). A request that drafts runs
 its new bonus token in that same pass; the logits of that row give the first draft, then K-1 one-token steps give
 the rest. Draft tokens' K/V land past the committed length, where the next step's pass overwrites what it keeps.
-On a greedy / unseeded uniform decode step the same work runs on the device right after the target's verify graph
+On a greedy or random uniform decode step the same work runs on the device right after the target's verify graph
 (``setup_fused_step``), so only prefill chunks and host-path batches come through ``propose``.
 """
 

@@ -15,11 +15,11 @@ followed by one token sampled by the target (the *recovered* token at the first 
   accepted the bonus token is drawn from ``p_bonus`` exactly as the normal sampler would.  Both draws
   use one exponential race ``argmax(dist / E)``: only one of them is ever emitted, so they can share E.
 
-Random draws per call: seeded rows (a ``torch.Generator`` in ``st.generators``) draw their uniforms
-and then their ``E`` row from their own generator only; other rows use ``fallback``.  A seeded row
-draws ``num_draft_cpu[b]`` uniforms when the host counts are passed (then its stream does not depend
-on the other requests of the batch, and a row with no drafts consumes exactly what ``sample`` would),
-otherwise K (the padded width of ``draft_token_ids``).
+Random draws: rows of seeded requests use the counter-based noise of :mod:`specserve.layers.seeded_noise`:
+the uniform of the draft that would become position ``n`` and the race deciding the token emitted at
+position ``n`` are functions of (seed, n) alone, so a seeded request's tokens do not depend on its batch, on
+the graphs or on the step pipelining (``positions`` in the sampling tensors: each request's first sampled
+position).  Other rows draw from ``fallback`` (or torch's default generator).
 
 No host syncs, no Python loops over tokens (only over seeded rows for their draws).
 """
@@ -38,6 +38,7 @@ from specserve.layers.sampler import (
     greedy_tail_on,
     static_sampling_tensors,
 )
+from specserve.layers.seeded_noise import accept_uniform, race_exponential
 
 PLACEHOLDER = -1
 
@@ -45,33 +46,37 @@ PLACEHOLDER = -1
 def _draw_uniform(
     num_rows: int,
     k: int,
-    generators: Sequence[torch.Generator | None],
+    seed_keys: Sequence[int],
+    positions: Sequence[int] | None,
     fallback: torch.Generator | None,
     device: torch.device,
-    num_draft_cpu: Sequence[int] | None,
 ) -> torch.Tensor:
-    """[num_rows, k] float64 uniforms in (0, 1]."""
+    """[num_rows, k] float64 uniforms in (0, 1]; seeded row i: the acceptance uniforms of positions[i] + j."""
     u = torch.zeros(num_rows, k, dtype=torch.float64, device=device)
-    seeded = [i for i, g in enumerate(generators) if g is not None]
+    seeded = [i for i, key in enumerate(seed_keys) if key]
     if len(seeded) < num_rows:
         u.uniform_(generator=fallback)
-    for i in seeded:
-        n = k if num_draft_cpu is None else min(int(num_draft_cpu[i]), k)
-        if n > 0:
-            u[i, :n].uniform_(generator=generators[i])
-    # uniform_ draws from [0, 1); 1 - x lies in (0, 1]
-    return 1.0 - u
+        u = 1.0 - u  # uniform_ draws from [0, 1); 1 - x lies in (0, 1]
+    if seeded and k > 0:
+        if positions is None:
+            raise ValueError("seeded rows need positions")
+        keys = torch.tensor([seed_keys[i] for i in seeded], dtype=torch.int64, device=device)
+        pos = torch.tensor([positions[i] for i in seeded], dtype=torch.int64, device=device)
+        idx = torch.tensor(seeded, dtype=torch.int64, device=device)
+        u.index_copy_(0, idx, accept_uniform(keys, pos.unsqueeze(1) + torch.arange(k, device=device)))
+    return u
 
 
 def _per_token_tensors(st: SamplingTensors, req_of_row: torch.Tensor) -> SamplingTensors:
-    """Row-expanded parameters for apply_sampling_constraints (generators are not needed there)."""
+    """Row-expanded parameters for apply_sampling_constraints (seeds are not needed there)."""
     return SamplingTensors(
         temperature=st.temperature[req_of_row],
         top_k=st.top_k[req_of_row],
         top_p=st.top_p[req_of_row],
         min_p=st.min_p[req_of_row],
         greedy=st.greedy[req_of_row],
-        generators=[None] * int(req_of_row.shape[0]),
+        seed_keys=[0] * int(req_of_row.shape[0]),
+        positions=None,
         all_greedy=st.all_greedy,
         all_random=st.all_random,
         no_top_k=st.no_top_k,
@@ -98,7 +103,6 @@ def rejection_sample(
     st: SamplingTensors,
     draft_probs: torch.Tensor | None = None,
     fallback: torch.Generator | None = None,
-    num_draft_cpu: Sequence[int] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Verify drafts against the target.
 
@@ -107,11 +111,10 @@ def rejection_sample(
             num_draft[b] draft positions, then its bonus position.
         draft_token_ids: [B, K] int64, padded with -1 beyond num_draft[b].
         num_draft: [B] int64 in 0..K (0: plain decode, just sample the bonus).
-        st: sampling parameters per request (B rows).
+        st: sampling parameters per request (B rows); ``st.positions``: the position of each request's first
+            sampled token (its first draft's; needed for seeded rows).
         draft_probs: [B, K, V] drafter probabilities, or None for an argmax drafter (point mass).
-        fallback: generator for rows without their own seeded generator.
-        num_draft_cpu: optional host copy of ``num_draft``; only decides how many uniforms a seeded
-            row draws (see the module docstring).
+        fallback: generator for the rows of unseeded requests.
 
     Returns:
         (output_token_ids [B, K + 1] int64 with PLACEHOLDER after the emitted tokens,
@@ -146,7 +149,7 @@ def rejection_sample(
         torch.arange(num_reqs, device=device), rows_per_req, output_size=num_rows
     )
     probs = apply_sampling_constraints(target_logits, _per_token_tensors(st, req_of_row)).softmax(dim=-1)
-    u = _draw_uniform(num_reqs, k, st.generators, fallback, device, num_draft_cpu)
+    u = _draw_uniform(num_reqs, k, st.seed_keys, st.positions, fallback, device)
     if k > 0:
         draft_rows = row_idx[:, :k]  # [B, K]
         p_d = probs[draft_rows, safe_draft].to(torch.float64)  # [B, K]
@@ -168,7 +171,11 @@ def rejection_sample(
     else:
         accepted_r = torch.zeros(num_reqs, dtype=torch.int64, device=device)
         dist = probs[bonus_idx]
-    e = draw_exponential(num_reqs, vocab, st.generators, fallback, device)
+    # the emitted token's position: the first sampled one + the accepted drafts
+    final_pos = None
+    if st.positions is not None:
+        final_pos = torch.tensor(st.positions, dtype=torch.int64, device=device) + accepted_r
+    e = draw_exponential(num_reqs, vocab, st.seed_keys, final_pos, fallback, device)
     final_r = argmax_last(dist / e)
 
     if st.all_random:
@@ -222,9 +229,12 @@ def sample_verify(
     b: int,
     q: int,
     greedy_packed: torch.Tensor | None = None,
+    seed_key: torch.Tensor | None = None,
+    pos: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """rejection_sample for a padded batch, for the graphs: static shapes, no host syncs, no Python branches on
-    values, random draws from torch's default generator.
+    values (except on CPU tensors, where nothing is captured), random draws from torch's default generator or,
+    for seeded requests, the counter-based noise of their positions.
 
     ``logits`` [b*q, V] and ``ids`` [b*q] as in greedy_verify; per request (all [b]): its sampling parameters
     as ``param_row`` gives them (temperature 0: greedy) and its number of real drafts (the drafts past it are
@@ -248,8 +258,19 @@ def sample_verify(
     probs = apply_sampling_constraints(logits, st).softmax(dim=-1).view(b, q, vocab)
     nd = num_draft[:b].to(torch.int64).clamp(0, k)
     draft = ids.view(b, q)[:, 1:].clamp(0, vocab - 1)  # [b, k]
+    seeded = first = None
+    if seed_key is not None and pos is not None:
+        key = seed_key[:b].to(torch.int64)
+        if device.type == "cuda" or bool((key > 0).any()):  # CPU: skip the hash when no row needs it
+            seeded = (key > 0).unsqueeze(1)
+            first = (
+                pos.view(b, q)[:, 0].to(torch.int64) + 1
+            )  # the position of each request's first sampled token
     if k > 0:
         u = 1.0 - torch.rand(b, k, dtype=torch.float64, device=device)  # (0, 1]
+        if seeded is not None:
+            offs = torch.arange(k, device=device)
+            u = torch.where(seeded, accept_uniform(key, first.unsqueeze(1) + offs), u)
         p_d = probs[:, :k].gather(2, draft.unsqueeze(-1)).squeeze(-1).to(torch.float64)
         valid = torch.arange(k, device=device).unsqueeze(0) < nd.unsqueeze(1)
         accepted = ((p_d >= u) & valid).to(torch.int64).cumprod(dim=1).sum(dim=1)
@@ -262,7 +283,9 @@ def sample_verify(
         dist = torch.where((accepted < nd).unsqueeze(1), _residual(p_at, d_at, None), p_at)
     else:
         dist = p_at
-    e = draw_exponential(b, vocab, [None] * b, None, device)
+    e = draw_exponential(b, vocab, [0] * b, None, None, device)
+    if seeded is not None:
+        e = torch.where(seeded, race_exponential(key, first + accepted, vocab), e)
     final = argmax_last(dist / e)
     sampled = torch.cat([_assemble(draft, accepted, final, k), accepted.unsqueeze(1)], dim=1)
     greedy = st.greedy.view(b, q)[:, :1]

@@ -1,0 +1,57 @@
+"""The seeded race uniforms of :mod:`specserve.layers.seeded_noise` in one Triton launch (the torch form is ~20
+elementwise int64 kernels over [rows, vocab]). uint32 arithmetic wraps modulo 2^32, so the bits equal the torch
+form's; runs under ``TRITON_INTERPRET=1`` on CPU tensors (the tests). No host syncs; grid from static shapes."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from specserve.layers.seeded_noise import _COL_SALT, C1, C2, GOLDEN, STREAM_RACE
+
+__all__ = ["race_uniform_triton"]
+
+_BLOCK = 1024
+
+
+@triton.jit
+def _fmix32(h):
+    h ^= h >> 16
+    h = h * tl.full((), C1, tl.uint32)
+    h ^= h >> 13
+    h = h * tl.full((), C2, tl.uint32)
+    return h ^ (h >> 16)
+
+
+@triton.jit
+def _race_uniform_kernel(out_ptr, key_ptr, pos_ptr, V, stride_o, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    key = tl.load(key_ptr + row).to(tl.uint32)
+    pos = tl.load(pos_ptr + row).to(tl.uint32)
+    k = _fmix32(key ^ tl.full((), STREAM_RACE, tl.uint32))
+    st = _fmix32(k + pos * tl.full((), GOLDEN, tl.uint32))
+    c = _fmix32(cols.to(tl.uint32) ^ tl.full((), _COL_SALT, tl.uint32))
+    h = _fmix32(st ^ c)
+    u = ((h >> 9) * 2 + 1).to(tl.float32) * (1.0 / 16777216.0)
+    tl.store(out_ptr + row.to(tl.int64) * stride_o + cols, u, mask=cols < V)
+
+
+def race_uniform_triton(keys: torch.Tensor, positions: torch.Tensor, vocab: int) -> torch.Tensor:
+    """float32 [N, vocab]: :func:`specserve.layers.seeded_noise.race_uniform_torch` of int ``keys`` / ``positions``
+    [N] (values below 2^32)."""
+    n = int(keys.shape[0])
+    if positions.shape != keys.shape:
+        raise ValueError(
+            f"keys and positions must have one shape, got {tuple(keys.shape)} / {tuple(positions.shape)}"
+        )
+    out = torch.empty((n, vocab), dtype=torch.float32, device=keys.device)
+    if n == 0 or vocab == 0:
+        return out
+    keys = keys.to(torch.int64).contiguous()
+    positions = positions.to(torch.int64).contiguous()
+    _race_uniform_kernel[(n, triton.cdiv(vocab, _BLOCK))](
+        out, keys, positions, vocab, out.stride(0), BLOCK=_BLOCK, num_warps=4
+    )
+    return out
