@@ -8,11 +8,17 @@ import torch
 import triton
 import triton.language as tl
 
-from specserve.layers.seeded_noise import _COL_SALT, C1, C2, GOLDEN, STREAM_RACE
+from specserve.layers import seeded_noise as _sn
 
 __all__ = ["race_uniform_triton"]
 
 _BLOCK = 1024
+# the jitted functions read module globals only as constexprs
+C1 = tl.constexpr(_sn.C1)
+C2 = tl.constexpr(_sn.C2)
+GOLDEN = tl.constexpr(_sn.GOLDEN)
+STREAM_RACE = tl.constexpr(_sn.STREAM_RACE)
+COL_SALT = tl.constexpr(_sn._COL_SALT)
 
 
 @triton.jit
@@ -32,7 +38,7 @@ def _race_uniform_kernel(out_ptr, key_ptr, pos_ptr, V, stride_o, BLOCK: tl.const
     pos = tl.load(pos_ptr + row).to(tl.uint32)
     k = _fmix32(key ^ tl.full((), STREAM_RACE, tl.uint32))
     st = _fmix32(k + pos * tl.full((), GOLDEN, tl.uint32))
-    c = _fmix32(cols.to(tl.uint32) ^ tl.full((), _COL_SALT, tl.uint32))
+    c = _fmix32(cols.to(tl.uint32) ^ tl.full((), COL_SALT, tl.uint32))
     h = _fmix32(st ^ c)
     u = ((h >> 9) * 2 + 1).to(tl.float32) * (1.0 / 16777216.0)
     tl.store(out_ptr + row.to(tl.int64) * stride_o + cols, u, mask=cols < V)
