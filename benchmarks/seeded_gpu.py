@@ -41,7 +41,8 @@ def main() -> int:
     g = torch.Generator().manual_seed(0)
     prompts = [{"prompt_token_ids": torch.randint(100, 20000, (40,), generator=g).tolist()} for _ in range(8)]
     seeded = [
-        SamplingParams(temperature=0.8, top_p=0.95, seed=s, max_tokens=args.tokens, ignore_eos=True) for s in range(8)
+        SamplingParams(temperature=0.8, top_p=0.95, seed=s, max_tokens=args.tokens, ignore_eos=True)
+        for s in range(8)
     ]
     specs: list[dict | None] = [None]
     if args.dflash:
@@ -84,7 +85,8 @@ def main() -> int:
               f"{fast} graph steps, {distinct} distinct outputs", flush=True)  # fmt: skip
         cases = {
             "greedy": [SamplingParams(temperature=0, max_tokens=args.tokens, ignore_eos=True)] * 8,
-            "random": [SamplingParams(temperature=0.8, top_p=0.95, max_tokens=args.tokens, ignore_eos=True)] * 8,
+            "random": [SamplingParams(temperature=0.8, top_p=0.95, max_tokens=args.tokens, ignore_eos=True)]
+            * 8,
             "seeded": seeded,
             "seeded, host sampler": seeded,
         }
@@ -101,12 +103,16 @@ def main() -> int:
                 rows.append({"config": name, "batch": batch, "case": case, "tok_s": round(best, 1)})
                 print(f"{name} batch {batch} {case}: {best:.1f} tok/s", flush=True)
         del llm
-    print("\n| config | batch | greedy | random | seeded | seeded, host sampler |\n| --- | --- | --- | --- | --- | --- |")
+    print(
+        "\n| config | batch | greedy | random | seeded | seeded, host sampler |\n| --- | --- | --- | --- | --- | --- |"
+    )
     for spec in specs:
         name = "plain" if spec is None else f"dflash K={args.k}"
         for batch in (1, 8):
             v = {x["case"]: x["tok_s"] for x in rows if x["config"] == name and x["batch"] == batch}
-            print(f"| {name} | {batch} | {v['greedy']} | {v['random']} | {v['seeded']} | {v['seeded, host sampler']} |")
+            print(
+                f"| {name} | {batch} | {v['greedy']} | {v['random']} | {v['seeded']} | {v['seeded, host sampler']} |"
+            )
     if args.out:
         rev = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
         with open(args.out, "w") as f:
