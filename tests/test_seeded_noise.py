@@ -34,6 +34,14 @@ def test_triton_kernel_equals_torch_form() -> None:
     for vocab in (1, 1000, 1024, 2500):
         assert torch.equal(race_uniform_triton(keys, pos, vocab), sn.race_uniform_torch(keys, pos, vocab))
     assert race_uniform_triton(keys[:0], pos[:0], 10).shape == (0, 10)
+    from specserve.layers.triton_noise import accept_uniform_triton
+
+    first = pos.clamp(max=2**31 - 20)
+    for k in (1, 3, 16):
+        assert torch.equal(accept_uniform_triton(keys, first, k), sn.accept_uniform_torch(keys, first, k))
+    # the acceptance uniform of (key, n) does not depend on where n sits in the block
+    a = sn.accept_uniform_torch(keys, first, 8)
+    assert torch.equal(a[:, 3:], sn.accept_uniform_torch(keys, first + 3, 5))
 
 
 def test_race_uniforms_are_uniform_and_never_0_or_1() -> None:
@@ -59,12 +67,12 @@ def test_draws_depend_on_key_position_stream_and_column() -> None:
     assert torch.equal(v[0], v[2]) and abs(float(torch.corrcoef(v[:2])[0, 1])) < 0.15
     assert torch.equal(v[0], u[0])
     # the acceptance stream is not the race's: u of position n differs from any race value of position n
-    a = sn.accept_uniform(keys, pos.unsqueeze(1) + torch.arange(3))
+    a = sn.accept_uniform(keys, pos, 3)
     assert a.dtype == torch.float64 and a.shape == (4, 3)
     assert float(a.min()) > 0 and float(a.max()) <= 1
     assert len(set(a.flatten().tolist())) == 12
     # accept uniforms over many positions: uniform
-    b = sn.accept_uniform(_keys(8), torch.arange(2000).expand(8, -1))
+    b = sn.accept_uniform(_keys(8), torch.zeros(8, dtype=torch.int64), 2000)
     counts = torch.histc(b.flatten().float(), bins=20, min=0, max=1)
     assert chi2_pvalue(counts.long(), torch.full((20,), 1 / 20)) > 0.001
 
@@ -76,6 +84,9 @@ from sm90 import compile_sm90
 k, reg, stack = compile_sm90(tn._race_uniform_kernel, dict(out_ptr="fp32", key_ptr="i64", pos_ptr="i64"),
                              dict(BLOCK=1024), 4, 3, not_divisible=("V",))
 print(f"REG:{reg} STACK:{stack}")
+assert stack == 0
+_, _, stack = compile_sm90(tn._accept_uniform_kernel, dict(out_ptr="fp64", key_ptr="i64", first_ptr="i64"),
+                           dict(K_PAD=16), 1, 1, not_divisible=("K",))
 assert stack == 0
 ptx = k.asm["ptx"]
 assert "mul.lo.s32" in ptx or "mul.lo.u32" in ptx  # 32-bit wrapping products, not 64-bit ones

@@ -111,8 +111,18 @@ def race_exponential(keys: torch.Tensor, positions: torch.Tensor, vocab: int) ->
     return race_uniform(keys, positions, vocab).log_().neg_()
 
 
-def accept_uniform(keys: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-    """float64 acceptance uniforms in (0, 1] for drafts at ``positions`` ([N, k]) of the requests keyed ``keys``
-    ([N])."""
+def accept_uniform_torch(keys: torch.Tensor, first: torch.Tensor, k: int) -> torch.Tensor:
+    """float64 [N, k] acceptance uniforms in (0, 1] of the drafts at positions ``first[i] + j`` of the requests keyed
+    ``keys`` ([N]) (torch ops)."""
+    positions = first.to(torch.int64).unsqueeze(1) + torch.arange(k, device=first.device)
     h = row_state(keys.unsqueeze(-1), positions, STREAM_ACCEPT)
     return (h + 1).to(torch.float64) * (1.0 / 4294967296.0)
+
+
+def accept_uniform(keys: torch.Tensor, first: torch.Tensor, k: int) -> torch.Tensor:
+    """:func:`accept_uniform_torch`'s values; on CUDA one Triton launch (the torch form is ~30 small kernels)."""
+    if keys.device.type == "cuda":
+        from specserve.layers.triton_noise import accept_uniform_triton
+
+        return accept_uniform_triton(keys, first, k)
+    return accept_uniform_torch(keys, first, k)

@@ -10,7 +10,7 @@ import triton.language as tl
 
 from specserve.layers import seeded_noise as _sn
 
-__all__ = ["race_uniform_triton"]
+__all__ = ["accept_uniform_triton", "race_uniform_triton"]
 
 _BLOCK = 1024
 # the jitted functions read module globals only as constexprs
@@ -18,6 +18,7 @@ C1 = tl.constexpr(_sn.C1)
 C2 = tl.constexpr(_sn.C2)
 GOLDEN = tl.constexpr(_sn.GOLDEN)
 STREAM_RACE = tl.constexpr(_sn.STREAM_RACE)
+STREAM_ACCEPT = tl.constexpr(_sn.STREAM_ACCEPT)
 COL_SALT = tl.constexpr(_sn._COL_SALT)
 
 
@@ -60,4 +61,33 @@ def race_uniform_triton(keys: torch.Tensor, positions: torch.Tensor, vocab: int)
     _race_uniform_kernel[(n, triton.cdiv(vocab, _BLOCK))](
         out, keys, positions, vocab, out.stride(0), BLOCK=_BLOCK, num_warps=4
     )
+    return out
+
+
+@triton.jit
+def accept_u(key, pos):
+    """The float64 acceptance uniform of (key, pos) (uint32 operands): seeded_noise.accept_uniform_torch's value."""
+    k = _fmix32(key ^ tl.full((), STREAM_ACCEPT, tl.uint32))
+    h = _fmix32(k + pos * tl.full((), GOLDEN, tl.uint32))
+    return (h.to(tl.int64) + 1).to(tl.float64) * (1.0 / 4294967296.0)
+
+
+@triton.jit
+def _accept_uniform_kernel(out_ptr, key_ptr, first_ptr, K, K_PAD: tl.constexpr):
+    row = tl.program_id(0)
+    offs = tl.arange(0, K_PAD)
+    key = tl.load(key_ptr + row).to(tl.uint32)
+    pos = (tl.load(first_ptr + row) + offs).to(tl.uint32)
+    tl.store(out_ptr + row * K + offs, accept_u(key, pos), mask=offs < K)
+
+
+def accept_uniform_triton(keys: torch.Tensor, first: torch.Tensor, k: int) -> torch.Tensor:
+    """float64 [N, k]: :func:`specserve.layers.seeded_noise.accept_uniform_torch` in one launch."""
+    n = int(keys.shape[0])
+    out = torch.empty((n, k), dtype=torch.float64, device=keys.device)
+    if n == 0 or k == 0:
+        return out
+    keys = keys.to(torch.int64).contiguous()
+    first = first.to(torch.int64).contiguous()
+    _accept_uniform_kernel[(n,)](out, keys, first, k, K_PAD=triton.next_power_of_2(k), num_warps=1)
     return out

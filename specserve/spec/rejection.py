@@ -63,7 +63,7 @@ def _draw_uniform(
         keys = torch.tensor([seed_keys[i] for i in seeded], dtype=torch.int64, device=device)
         pos = torch.tensor([positions[i] for i in seeded], dtype=torch.int64, device=device)
         idx = torch.tensor(seeded, dtype=torch.int64, device=device)
-        u.index_copy_(0, idx, accept_uniform(keys, pos.unsqueeze(1) + torch.arange(k, device=device)))
+        u.index_copy_(0, idx, accept_uniform(keys, pos, k))
     return u
 
 
@@ -269,8 +269,7 @@ def sample_verify(
     if k > 0:
         u = 1.0 - torch.rand(b, k, dtype=torch.float64, device=device)  # (0, 1]
         if seeded is not None:
-            offs = torch.arange(k, device=device)
-            u = torch.where(seeded, accept_uniform(key, first.unsqueeze(1) + offs), u)
+            u = torch.where(seeded, accept_uniform(key, first, k), u)
         p_d = probs[:, :k].gather(2, draft.unsqueeze(-1)).squeeze(-1).to(torch.float64)
         valid = torch.arange(k, device=device).unsqueeze(0) < nd.unsqueeze(1)
         accepted = ((p_d >= u) & valid).to(torch.int64).cumprod(dim=1).sum(dim=1)
