@@ -258,14 +258,13 @@ def sample_verify(
     probs = apply_sampling_constraints(logits, st).softmax(dim=-1).view(b, q, vocab)
     nd = num_draft[:b].to(torch.int64).clamp(0, k)
     draft = ids.view(b, q)[:, 1:].clamp(0, vocab - 1)  # [b, k]
-    seeded = first = None
+    seeded: torch.Tensor | None = None  # [b, 1] bool: the seeded requests, when any row may be one
+    key = first = torch.empty(0)
     if seed_key is not None and pos is not None:
         key = seed_key[:b].to(torch.int64)
         if device.type == "cuda" or bool((key > 0).any()):  # CPU: skip the hash when no row needs it
             seeded = (key > 0).unsqueeze(1)
-            first = (
-                pos.view(b, q)[:, 0].to(torch.int64) + 1
-            )  # the position of each request's first sampled token
+            first = pos.view(b, q)[:, 0].to(torch.int64) + 1  # each request's first sampled position
     if k > 0:
         u = 1.0 - torch.rand(b, k, dtype=torch.float64, device=device)  # (0, 1]
         if seeded is not None:
