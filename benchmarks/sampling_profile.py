@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import subprocess
 import sys
@@ -105,16 +106,31 @@ def main() -> int:
                 "sample_verify + seeds": lambda: sample_verify(
                     logits.float(), ids, temp, top_k, top_p, min_p, nd, b, q, packed, seed_key=key, pos=pos
                 ),
+                "triton": lambda: sample_verify(
+                    logits, ids, temp, top_k, top_p, min_p, nd, b, q, packed, seed_key=key, pos=pos
+                ),
+                "triton, top_p 1": lambda: sample_verify(
+                    logits, ids, temp, top_k, top_p * 0 + 1, min_p, nd, b, q, packed, seed_key=key, pos=pos
+                ),
+                "triton, top_k 20": lambda: sample_verify(
+                    logits, ids, temp, top_k + 20, top_p, min_p, nd, b, q, packed, seed_key=key, pos=pos
+                ),
                 "constraints": lambda: apply_sampling_constraints(logits.float(), st),
                 "sort": lambda: logits.float().sort(dim=-1, descending=True),
                 "softmax": lambda: logits.float().softmax(-1),
             }
             for name, fn in fns.items():
+                os.environ["SPECSERVE_SAMPLER"] = "triton" if name.startswith("triton") else "torch"
                 us = graph_us(fn)
                 n = kernels(fn)
                 rows.append({"vocab": vocab, "b": b, "q": q, "what": name, "us": round(us, 1), "kernels": n})
                 print(f"V={vocab} b={b} q={q} {name}: {us:.1f} us, {n} kernels", flush=True)
-                if name == "sample_verify + seeds" and vocab == args.vocab[0] and b == 1:
+                if (
+                    name in ("sample_verify + seeds", "triton")
+                    and vocab == args.vocab[0]
+                    and b == 1
+                    and q == 8
+                ):
                     print(kernel_table(fn, 80), flush=True)
     if args.out:
         rev = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()

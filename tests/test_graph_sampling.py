@@ -383,6 +383,29 @@ def test_logprobs_requests_keep_the_host_path_seeded_ones_do_not(method, often_q
     assert other_seed[0].outputs[0].token_ids != results[0]
 
 
+@pytest.mark.parametrize("method", ["plain", "dflash"])
+def test_engine_triton_sampler_equals_torch_sampler(method, often_qwen3_dir, dflash_dir, monkeypatch):
+    """The engine's in-graph sampling steps with the sort-free Triton sampler (interpreted here; the default on
+    CUDA) emit the torch sampler's tokens: seeded, unseeded (the same draws of torch's generator) and greedy."""
+    from specserve.layers.sampler import SAMPLER_ENV
+
+    spec = _spec(method, dflash_dir)
+    sps = [
+        SamplingParams(temperature=0.8, min_p=0.01, seed=5, max_tokens=7, ignore_eos=True),
+        SamplingParams(temperature=1.1, max_tokens=6, ignore_eos=True),
+        SamplingParams(temperature=0, max_tokens=7, ignore_eos=True),
+    ]
+    outs = {}
+    for mode in ("torch", "triton"):
+        monkeypatch.setenv(SAMPLER_ENV, mode)
+        torch.manual_seed(0)
+        llm = _llm(often_qwen3_dir, spec)
+        outs[mode] = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, sps)]
+        assert llm.engine.runner.num_sampling_steps > 0
+        _check_spec_metrics(llm)
+    assert outs["triton"] == outs["torch"]
+
+
 def test_bf16_graph_logits_stay_bf16_and_sampling_reads_fp32(often_qwen3_dir, monkeypatch):
     """The target graphs return bf16 logits (no fp32 copy on greedy steps); the sampling graph and the host path
     (logits processing) convert them: both see fp32 logits with the bf16 values."""

@@ -246,6 +246,22 @@ def greedy_tail_on(device: torch.device) -> bool:
     return mode == "triton"
 
 
+SAMPLER_ENV = "SPECSERVE_SAMPLER"
+
+
+def triton_sampler_on(device: torch.device) -> bool:
+    """Whether the graphs' random sampler (``sample_verify``) runs as the two sort-free Triton launches of
+    :mod:`specserve.layers.triton_sampling` instead of torch's ops (a sort, a scan and ~60-160 small kernels):
+    ``SPECSERVE_SAMPLER`` = ``triton``, ``torch`` or ``auto`` (default: triton on CUDA); read per call, i.e. per
+    graph capture. ``triton`` on a CPU device needs ``TRITON_INTERPRET=1`` (the tests)."""
+    mode = os.environ.get(SAMPLER_ENV, "").strip() or "auto"
+    if mode not in ("auto", "triton", "torch"):
+        raise ValueError(f"{SAMPLER_ENV} must be auto, triton or torch, got {mode!r}")
+    if mode == "auto":
+        return device.type == "cuda"
+    return mode == "triton"
+
+
 def argmax_last(x: torch.Tensor) -> torch.Tensor:
     """``x.argmax(-1)``; on CPU as ``x.max(-1).indices`` (the same first index on ties and NaN, as torch documents):
     torch's CPU argmax over a vocabulary row is several times slower (2-core VM, session 17: [40, 49152] bf16 3.09 vs

@@ -107,8 +107,13 @@ def race_uniform(keys: torch.Tensor, positions: torch.Tensor, vocab: int) -> tor
 
 def race_exponential(keys: torch.Tensor, positions: torch.Tensor, vocab: int) -> torch.Tensor:
     """float32 [N, vocab] Exp(1) noise of the race deciding the token at positions[i] of the request keyed keys[i]
-    (``-log U``: at least 5.9e-8, at most 16.6)."""
-    return race_uniform(keys, positions, vocab).log_().neg_()
+    (``-log U``: at least 5.9e-8, at most 16.6). On CUDA one Triton launch whose ``-log`` is the fused sampler's
+    (:mod:`specserve.layers.triton_sampling`), so the host path and the graphs draw the same values."""
+    if keys.device.type == "cuda":
+        from specserve.layers.triton_sampling import race_exponential_triton
+
+        return race_exponential_triton(keys, positions, vocab)
+    return race_uniform_torch(keys, positions, vocab).log_().neg_()
 
 
 def accept_uniform_torch(keys: torch.Tensor, first: torch.Tensor, k: int) -> torch.Tensor:

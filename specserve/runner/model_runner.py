@@ -560,7 +560,7 @@ class ModelRunner:
             temp, top_p, min_p = v.faux.unbind(1)
             num_draft, _, top_k, key = v.aux.unbind(1)
             out = sample_verify(
-                logits.float(),
+                logits,
                 v.ids,
                 temp,
                 top_k,

@@ -37,6 +37,7 @@ from specserve.layers.sampler import (
     draw_exponential,
     greedy_tail_on,
     static_sampling_tensors,
+    triton_sampler_on,
 )
 from specserve.layers.seeded_noise import accept_uniform, race_exponential
 
@@ -239,7 +240,9 @@ def sample_verify(
     ``logits`` [b*q, V] and ``ids`` [b*q] as in greedy_verify; per request (all [b]): its sampling parameters
     as ``param_row`` gives them (temperature 0: greedy) and its number of real drafts (the drafts past it are
     padding: never accepted, and the bonus is drawn at row num_draft).  ``greedy_packed``: greedy_verify's
-    output for these logits, when already computed.
+    output for these logits, when already computed.  ``logits`` in any float dtype (read as fp32).  Under
+    :func:`specserve.layers.sampler.triton_sampler_on` (CUDA) the two launches of
+    :mod:`specserve.layers.triton_sampling` compute the same draws and tokens without sorting.
 
     Returns int64 [b, q+1] in greedy_verify's layout, so that request j emits
     ``packed[j, : min(packed[j, q], num_draft[j]) + 1]``: greedy rows are exactly greedy_verify's; for a random
@@ -250,6 +253,13 @@ def sample_verify(
     vocab, k, device = logits.shape[-1], q - 1, logits.device
     if greedy_packed is None:
         greedy_packed = greedy_verify(logits, ids, b, q)
+    if triton_sampler_on(device):  # the same draws and tokens, without sorting (two launches)
+        from specserve.layers.triton_sampling import sample_verify_triton
+
+        return sample_verify_triton(
+            logits, ids, temperature, top_k, top_p, min_p, num_draft, b, q, greedy_packed, seed_key, pos
+        )
+    logits = logits.float()
 
     def per_row(t: torch.Tensor) -> torch.Tensor:
         return t[:b, None].expand(b, q).reshape(-1)
