@@ -44,6 +44,7 @@ def main() -> int:
         SamplingParams(temperature=0.8, top_p=0.95, seed=s, max_tokens=args.tokens, ignore_eos=True)
         for s in range(8)
     ]
+    seeded_t = [SamplingParams(temperature=0.8, seed=s, max_tokens=args.tokens, ignore_eos=True) for s in range(8)]
     specs: list[dict | None] = [None]
     if args.dflash:
         specs.append({"method": "dflash", "model": args.dflash, "num_speculative_tokens": args.k})
@@ -67,26 +68,28 @@ def main() -> int:
             outs = llm.generate(prompts[:n], ps[:n], use_tqdm=False)
             return [o.outputs[0].token_ids for o in outs]
 
-        f0 = r.num_fast_steps
-        graph_toks = gen(seeded, 8)
-        fast = r.num_fast_steps - f0
-        host_sampler(True)
-        host_toks = gen(seeded, 8)
-        host_sampler(False)
         eager = make(enforce_eager=True)
-        eager_toks = [o.outputs[0].token_ids for o in eager.generate(prompts, seeded, use_tqdm=False)]
+        for label, sps in (("top_p 0.95", seeded), ("temperature only", seeded_t)):
+            f0, n0 = r.num_fast_steps, getattr(r, "num_sort_free_steps", 0)
+            graph_toks = gen(sps, 8)
+            fast, sort_free = r.num_fast_steps - f0, getattr(r, "num_sort_free_steps", 0) - n0
+            host_sampler(True)
+            host_toks = gen(sps, 8)
+            host_sampler(False)
+            eager_toks = [o.outputs[0].token_ids for o in eager.generate(prompts, sps, use_tqdm=False)]
+            same_eager = sum(a == b for a, b in zip(graph_toks, eager_toks))
+            same_host = sum(a == b for a, b in zip(graph_toks, host_toks))
+            distinct = len({tuple(t) for t in graph_toks})
+            checks.append({"config": name, "params": label, "graphs_eq_eager": same_eager, "graphs_eq_host": same_host,
+                           "of": 8, "graph_steps": fast, "sort_free_steps": sort_free,
+                           "distinct_outputs": distinct})  # fmt: skip
+            print(f"{name} seeded {label}: graphs == eager {same_eager}/8, graphs == host sampler {same_host}/8, "
+                  f"{fast} graph steps ({sort_free} sort-free), {distinct} distinct outputs", flush=True)  # fmt: skip
         del eager
-        same_eager = sum(a == b for a, b in zip(graph_toks, eager_toks))
-        same_host = sum(a == b for a, b in zip(graph_toks, host_toks))
-        distinct = len({tuple(t) for t in graph_toks})
-        checks.append({"config": name, "graphs_eq_eager": same_eager, "graphs_eq_host": same_host, "of": 8,
-                       "graph_steps": fast, "distinct_outputs": distinct})  # fmt: skip
-        print(f"{name}: seeded graphs == eager {same_eager}/8, graphs == host sampler {same_host}/8, "
-              f"{fast} graph steps, {distinct} distinct outputs", flush=True)  # fmt: skip
         cases = {
             "greedy": [SamplingParams(temperature=0, max_tokens=args.tokens, ignore_eos=True)] * 8,
-            "random": [SamplingParams(temperature=0.8, top_p=0.95, max_tokens=args.tokens, ignore_eos=True)]
-            * 8,
+            "random": [SamplingParams(temperature=0.8, top_p=0.95, max_tokens=args.tokens, ignore_eos=True)] * 8,
+            "random, T only": [SamplingParams(temperature=0.8, max_tokens=args.tokens, ignore_eos=True)] * 8,
             "seeded": seeded,
             "seeded, host sampler": seeded,
         }
@@ -103,16 +106,14 @@ def main() -> int:
                 rows.append({"config": name, "batch": batch, "case": case, "tok_s": round(best, 1)})
                 print(f"{name} batch {batch} {case}: {best:.1f} tok/s", flush=True)
         del llm
-    print(
-        "\n| config | batch | greedy | random | seeded | seeded, host sampler |\n| --- | --- | --- | --- | --- | --- |"
-    )
+    print("\n| config | batch | greedy | random (top_p 0.95) | random, T only | seeded (top_p 0.95) | seeded, host sampler |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
     for spec in specs:
         name = "plain" if spec is None else f"dflash K={args.k}"
         for batch in (1, 8):
             v = {x["case"]: x["tok_s"] for x in rows if x["config"] == name and x["batch"] == batch}
-            print(
-                f"| {name} | {batch} | {v['greedy']} | {v['random']} | {v['seeded']} | {v['seeded, host sampler']} |"
-            )
+            print(f"| {name} | {batch} | {v['greedy']} | {v['random']} | {v['random, T only']} | {v['seeded']} | "
+                  f"{v['seeded, host sampler']} |")  # fmt: skip
     if args.out:
         rev = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
         with open(args.out, "w") as f:

@@ -406,6 +406,40 @@ def test_engine_triton_sampler_equals_torch_sampler(method, often_qwen3_dir, dfl
     assert outs["triton"] == outs["torch"]
 
 
+def test_sort_free_batches_take_the_triton_graphs(often_qwen3_dir, dflash_dir, monkeypatch):
+    """SPECSERVE_SAMPLER=auto on CUDA: batches whose random rows use neither top-k nor top-p replay the sort-free
+    (Triton) sampling graphs, the others torch's; the tokens are the torch-only engine's either way."""
+    import specserve.runner.model_runner as mr
+    from specserve.layers.sampler import SAMPLER_ENV
+
+    free = [
+        SamplingParams(temperature=0.8, seed=5, max_tokens=6, ignore_eos=True),
+        SamplingParams(temperature=1.2, min_p=0.02, max_tokens=5, ignore_eos=True),
+        SamplingParams(temperature=0, max_tokens=6, ignore_eos=True),
+    ]
+    topp = [dataclasses.replace(free[0], top_p=0.9), free[1], dataclasses.replace(free[2], top_k=3)]
+    runs = {}
+    for mode in ("torch", "auto"):
+        monkeypatch.setenv(SAMPLER_ENV, mode)
+        monkeypatch.setattr(
+            mr, "sort_free_graphs_on", lambda dev, mode=mode: mode == "auto"
+        )  # CUDA's default
+        llm = _llm(often_qwen3_dir, None)
+        r = llm.engine.runner
+        assert bool(r.sort_free_graphs) == (mode == "auto")
+        out = []
+        for sps in (free, topp):
+            torch.manual_seed(0)
+            n0, s0 = r.num_sort_free_steps, r.num_sampling_steps
+            out.append([o.outputs[0].token_ids for o in llm.generate(PROMPTS, sps)])
+            out.append((r.num_sort_free_steps - n0, r.num_sampling_steps - s0))
+        runs[mode] = out
+    (free_t, (n_free, s_free), topp_t, (n_topp, _)) = runs["auto"]
+    assert free_t == runs["torch"][0] and topp_t == runs["torch"][2]
+    assert n_free == s_free > 0  # every sampling step of the sort-free batch
+    assert n_topp == 0
+
+
 def test_bf16_graph_logits_stay_bf16_and_sampling_reads_fp32(often_qwen3_dir, monkeypatch):
     """The target graphs return bf16 logits (no fp32 copy on greedy steps); the sampling graph and the host path
     (logits processing) convert them: both see fp32 logits with the bf16 values."""

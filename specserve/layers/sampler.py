@@ -249,17 +249,33 @@ def greedy_tail_on(device: torch.device) -> bool:
 SAMPLER_ENV = "SPECSERVE_SAMPLER"
 
 
-def triton_sampler_on(device: torch.device) -> bool:
-    """Whether the graphs' random sampler (``sample_verify``) runs as the two sort-free Triton launches of
-    :mod:`specserve.layers.triton_sampling` instead of torch's ops (a sort, a scan and ~60-160 small kernels):
-    ``SPECSERVE_SAMPLER`` = ``triton``, ``torch`` or ``auto`` (default: triton on CUDA); read per call, i.e. per
-    graph capture. ``triton`` on a CPU device needs ``TRITON_INTERPRET=1`` (the tests)."""
+def sampler_mode() -> str:
+    """``SPECSERVE_SAMPLER``: which form the graphs' random sampler (``sample_verify``) takes: ``torch`` (sorts
+    each row for top-k / top-p: ~60-160 small kernels), ``triton`` (the two launches of
+    :mod:`specserve.layers.triton_sampling` for every batch) or ``auto`` (the default: on CUDA the Triton form for
+    batches whose random rows use neither top-k nor top-p, where it measured 2.6-10x faster than torch's, and
+    torch's otherwise, where the Triton form's threshold searches measured slower at batch 1: H100, session 36)."""
     mode = os.environ.get(SAMPLER_ENV, "").strip() or "auto"
     if mode not in ("auto", "triton", "torch"):
         raise ValueError(f"{SAMPLER_ENV} must be auto, triton or torch, got {mode!r}")
-    if mode == "auto":
-        return device.type == "cuda"
-    return mode == "triton"
+    return mode
+
+
+def triton_sampler_on(device: torch.device) -> bool:
+    """Whether ``sample_verify`` (not told otherwise) runs the Triton form: ``SPECSERVE_SAMPLER=triton`` (on a CPU
+    device that needs ``TRITON_INTERPRET=1``: the tests). Read per call, i.e. per graph capture."""
+    return sampler_mode() == "triton"
+
+
+def sort_free_graphs_on(device: torch.device) -> bool:
+    """Whether the runner captures a second set of sampling graphs on the Triton form for batches without top-k /
+    top-p (``SPECSERVE_SAMPLER=auto`` on CUDA)."""
+    return device.type == "cuda" and sampler_mode() == "auto"
+
+
+def sort_free(params: Sequence[SamplingParams]) -> bool:
+    """No random row of the batch needs a top-k or top-p threshold (greedy rows need none)."""
+    return all(p.greedy or (p.top_p >= 1.0 and p.top_k <= 0) for p in params)
 
 
 def argmax_last(x: torch.Tensor) -> torch.Tensor:

@@ -24,6 +24,8 @@ of the sums. No host syncs; grids from static shapes (graph-capturable); runs un
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -33,7 +35,9 @@ from specserve.layers.triton_noise import _fmix32, accept_u
 
 __all__ = ["race_exponential_triton", "sample_verify_triton"]
 
-_BLOCK = 2048
+_BLOCK = (
+    2048  # vocabulary entries a program reads per loop step (SPECSERVE_SAMPLER_BLOCK overrides; a power of 2)
+)
 GREEDY_EPS = tl.constexpr(1e-5)
 STREAM_RACE = tl.constexpr(_sn.STREAM_RACE)
 GOLDEN = tl.constexpr(_sn.GOLDEN)
@@ -305,14 +309,18 @@ def sample_verify_triton(
     key = seed_key if seed_key is not None and pos is not None else e  # unused without seeds
     pos_t = pos.contiguous() if pos is not None and seeded else e
     stats = torch.empty(b * q, 4, dtype=torch.float32, device=dev)
+    block = int(os.environ.get("SPECSERVE_SAMPLER_BLOCK", "") or _BLOCK)
+    if block < 16 or block & (block - 1):
+        raise ValueError(f"SPECSERVE_SAMPLER_BLOCK must be a power of 2 >= 16, got {block}")
+    warps = min(16, max(4, block // 256))
     out = torch.empty(b, q + 1, dtype=torch.int64, device=dev)
     _row_stats_kernel[(b * q,)](
         logits, ids, temperature, top_k, top_p, min_p, stats, vocab, logits.stride(0), temperature.stride(0),
-        top_k.stride(0), top_p.stride(0), min_p.stride(0), Q=q, BLOCK=_BLOCK, num_warps=8,
+        top_k.stride(0), top_p.stride(0), min_p.stride(0), Q=q, BLOCK=block, num_warps=warps,
     )  # fmt: skip
     _verify_sample_kernel[(b,)](
         logits, ids, temperature, num_draft, stats, u, e, key, pos_t, greedy_packed, out, vocab, logits.stride(0),
         e.stride(0), greedy_packed.stride(0), temperature.stride(0), num_draft.stride(0), key.stride(0), Q=q,
-        Q_PAD=triton.next_power_of_2(q + 1), SEEDED=seeded, BLOCK=_BLOCK, num_warps=8,
+        Q_PAD=triton.next_power_of_2(q + 1), SEEDED=seeded, BLOCK=block, num_warps=warps,
     )  # fmt: skip
     return out

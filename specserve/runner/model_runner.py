@@ -19,7 +19,15 @@ import torch
 from specserve.config import EngineConfig, ModelConfig
 from specserve.engine.scheduler import SchedulerOutput
 from specserve.layers.attention import AttnMetadata, make_backend
-from specserve.layers.sampler import SamplingTensors, compute_logprobs, gather_logprobs, param_row, sample
+from specserve.layers.sampler import (
+    SamplingTensors,
+    compute_logprobs,
+    gather_logprobs,
+    param_row,
+    sample,
+    sort_free,
+    sort_free_graphs_on,
+)
 from specserve.layers.seeded_noise import seed_key
 from specserve.models.llama import DecoderLM
 from specserve.runner.cuda_graphs import BucketedGraphs, PaddedBatch, batch_buckets
@@ -405,6 +413,9 @@ class ModelRunner:
         self._d2h_done = torch.cuda.Event() if dev.type == "cuda" else None
         pool = None
         self.sample_graphs: dict[int, BucketedGraphs] = {}
+        # batches without top-k / top-p: the sort-free Triton sampler (SPECSERVE_SAMPLER=auto on CUDA)
+        self.sort_free_graphs: dict[int, BucketedGraphs] = {}
+        self.num_sort_free_steps = 0
         self._sample_in: tuple[torch.Tensor, torch.Tensor] | None = None
         for q in sorted({1, self.num_speculative_tokens + 1}, reverse=True):
             # per request: ints (num_draft, draft budget, top_k, seed key), floats (temperature, top_p, min_p); the
@@ -428,6 +439,8 @@ class ModelRunner:
             )
             pool = self.graphs[q].pool
             self.sample_graphs[q] = self._sampling_graphs(q, capture, pool)
+            if sort_free_graphs_on(dev):
+                self.sort_free_graphs[q] = self._sampling_graphs(q, capture, pool, use_triton=True)
         self._setup_prefill_graphs(capture, pool)
         # the fused step: the drafter's half of a greedy verify step as a second graph on the same buffers
         k = self.num_speculative_tokens
@@ -546,11 +559,14 @@ class ModelRunner:
         self.num_prefill_graph_steps += 1
         return hidden, features, [n]
 
-    def _sampling_graphs(self, q: int, capture: bool, pool: Any) -> BucketedGraphs:
+    def _sampling_graphs(
+        self, q: int, capture: bool, pool: Any, use_triton: bool | None = None
+    ) -> BucketedGraphs:
         """Random sampling + acceptance of a uniform step as a second graph per bucket, replayed right after the
         target's on its outputs (only on steps with random requests: greedy steps pay nothing for it).  It
         overwrites the target graph's packed output in place with sample_verify's (same layout, greedy rows
-        unchanged), so everything downstream (the fused step, the one copy back) reads the same tensor."""
+        unchanged), so everything downstream (the fused step, the one copy back) reads the same tensor.
+        ``use_triton``: sample_verify's form (default: SPECSERVE_SAMPLER's)."""
         buf, target = self.padded[q], self.graphs[q]
 
         def fn(b: int) -> torch.Tensor:
@@ -572,6 +588,7 @@ class ModelRunner:
                 packed,
                 seed_key=key,
                 pos=v.pos,
+                use_triton=use_triton,
             )
             return packed.copy_(out)
 
@@ -581,15 +598,19 @@ class ModelRunner:
             logits, _, packed = target.run(b)
             self._sample_in = (logits, packed)
 
-        graphs = BucketedGraphs(
-            f"sampling q_len={q}", fn, target.buckets, self.device, capture, pool, prepare
-        )
+        name = f"sampling q_len={q}" + (" (sort-free)" if use_triton else "")
+        graphs = BucketedGraphs(name, fn, target.buckets, self.device, capture, pool, prepare)
         self._sample_in = None
         return graphs
 
-    def _sample_uniform(self, q: int, logits: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
+    def _sample_uniform(
+        self, q: int, logits: torch.Tensor, packed: torch.Tensor, items: list
+    ) -> torch.Tensor:  # type: ignore[type-arg]
         b = packed.shape[0]
         graphs = self.sample_graphs[q]
+        if q in self.sort_free_graphs and sort_free([s.req.params for s in items]):
+            graphs = self.sort_free_graphs[q]
+            self.num_sort_free_steps += 1
         if b in graphs.graphs:  # a captured graph reads (and writes) the target graph's static outputs
             assert packed is self.graphs[q].outputs[b][2]
         self._sample_in = (logits, packed)
@@ -878,7 +899,7 @@ class ModelRunner:
         if self.proposer is not None:  # drafting is off (can_launch_async): the drafter reads the features
             self.proposer.run_context_step(features, self.graphs[1].bucket(len(items)))
         if random_rows:
-            packed = self._sample_uniform(1, logits, packed)
+            packed = self._sample_uniform(1, logits, packed, items)
         self.num_fast_steps += 1
         self.num_sampling_steps += int(random_rows)
         n, ev = len(items), self._async_events[self._async_flip]
@@ -976,7 +997,7 @@ class ModelRunner:
         logits, features, packed = graphs.run(b)
         if random_rows:  # the in-graph rejection sampler, as execute's fused step
             self.num_sampling_steps += 1
-            packed = self._sample_uniform(q, logits, packed)
+            packed = self._sample_uniform(q, logits, packed, items)
         out = self.proposer.run_fused_step(features, packed)
         self.num_fast_steps += 1
         self.num_fused_steps += 1
@@ -1014,7 +1035,7 @@ class ModelRunner:
         if uniform_q:
             all_logits, features, packed = self._forward_uniform(items, uniform_q, fused or random_rows)
             if random_rows:
-                packed = self._sample_uniform(uniform_q, all_logits, packed)
+                packed = self._sample_uniform(uniform_q, all_logits, packed, items)
             q_lens = [uniform_q] * len(items)
         elif self._prefill_graph_ok(items):
             hidden, features, q_lens = self._forward_prefill(items[0])

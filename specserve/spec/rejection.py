@@ -232,6 +232,7 @@ def sample_verify(
     greedy_packed: torch.Tensor | None = None,
     seed_key: torch.Tensor | None = None,
     pos: torch.Tensor | None = None,
+    use_triton: bool | None = None,
 ) -> torch.Tensor:
     """rejection_sample for a padded batch, for the graphs: static shapes, no host syncs, no Python branches on
     values (except on CPU tensors, where nothing is captured), random draws from torch's default generator or,
@@ -241,7 +242,7 @@ def sample_verify(
     as ``param_row`` gives them (temperature 0: greedy) and its number of real drafts (the drafts past it are
     padding: never accepted, and the bonus is drawn at row num_draft).  ``greedy_packed``: greedy_verify's
     output for these logits, when already computed.  ``logits`` in any float dtype (read as fp32).  Under
-    :func:`specserve.layers.sampler.triton_sampler_on` (CUDA) the two launches of
+    ``use_triton`` (default: :func:`specserve.layers.sampler.triton_sampler_on`) the two launches of
     :mod:`specserve.layers.triton_sampling` compute the same draws and tokens without sorting.
 
     Returns int64 [b, q+1] in greedy_verify's layout, so that request j emits
@@ -253,7 +254,7 @@ def sample_verify(
     vocab, k, device = logits.shape[-1], q - 1, logits.device
     if greedy_packed is None:
         greedy_packed = greedy_verify(logits, ids, b, q)
-    if triton_sampler_on(device):  # the same draws and tokens, without sorting (two launches)
+    if triton_sampler_on(device) if use_triton is None else use_triton:  # the same draws and tokens, no sort
         from specserve.layers.triton_sampling import sample_verify_triton
 
         return sample_verify_triton(
