@@ -441,12 +441,20 @@ def test_sort_free_batches_take_the_triton_graphs(often_qwen3_dir, dflash_dir, m
 
 
 def test_bf16_graph_logits_stay_bf16_and_sampling_reads_fp32(often_qwen3_dir, monkeypatch):
-    """The target graphs return bf16 logits (no fp32 copy on greedy steps); the sampling graph and the host path
-    (logits processing) convert them: both see fp32 logits with the bf16 values."""
+    """The target graphs return bf16 logits (no fp32 copy on greedy steps); the sampling graph hands them to
+    sample_verify as they are (the Triton form reads bf16), whose torch form and the host path (logits
+    processing) convert them: both compute on fp32 logits with the bf16 values."""
     import specserve.runner.model_runner as mr
 
-    seen: dict[str, list] = {"graph": [], "sample": [], "host": []}
+    seen: dict[str, list] = {"graph": [], "sample": [], "host": [], "constraints": []}
     real_sv, real_pl = mr.sample_verify, mr.ModelRunner._process_logits
+    real_c = rejection_mod.apply_sampling_constraints
+
+    def constraints(logits, st):  # type: ignore[no-untyped-def]
+        seen["constraints"].append(logits.dtype)
+        return real_c(logits, st)
+
+    monkeypatch.setattr(rejection_mod, "apply_sampling_constraints", constraints)
 
     def sv(logits, *a, **k):  # type: ignore[no-untyped-def]
         seen["sample"].append(logits.dtype)
@@ -475,5 +483,6 @@ def test_bf16_graph_logits_stay_bf16_and_sampling_reads_fp32(often_qwen3_dir, mo
     llm.generate(PROMPTS[:1], sps[:1])
     llm.generate(PROMPTS[:1], sps[1:])
     assert seen["graph"] and set(seen["graph"]) == {torch.bfloat16}
-    assert seen["sample"] and set(seen["sample"]) == {torch.float32}
+    assert seen["sample"] and set(seen["sample"]) == {torch.bfloat16}
+    assert seen["constraints"] and set(seen["constraints"]) == {torch.float32}
     assert seen["host"] and set(seen["host"]) == {torch.float32}

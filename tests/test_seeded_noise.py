@@ -27,13 +27,16 @@ def test_fmix32_matches_python_integers() -> None:
 
 
 def test_triton_kernel_equals_torch_form() -> None:
-    from specserve.layers.triton_noise import race_uniform_triton
+    from specserve.layers.triton_noise import race_noise_triton
 
     keys = torch.tensor([sn.seed_key(s) for s in (0, 1, -7, 2**40, 123456789)], dtype=torch.int64)
     pos = torch.tensor([0, 1, 4095, 2**31 - 1, 77], dtype=torch.int64)
     for vocab in (1, 1000, 1024, 2500):
-        assert torch.equal(race_uniform_triton(keys, pos, vocab), sn.race_uniform_torch(keys, pos, vocab))
-    assert race_uniform_triton(keys[:0], pos[:0], 10).shape == (0, 10)
+        u = sn.race_uniform_torch(keys, pos, vocab)
+        assert torch.equal(race_noise_triton(keys, pos, vocab), u)
+        # -log by the kernel: the torch form's values up to the last bits of the log
+        torch.testing.assert_close(race_noise_triton(keys, pos, vocab, log=True), -u.log(), rtol=1e-6, atol=0)
+    assert race_noise_triton(keys[:0], pos[:0], 10).shape == (0, 10)
     from specserve.layers.triton_noise import accept_uniform_triton
 
     first = pos.clamp(max=2**31 - 20)
@@ -81,10 +84,11 @@ _HOPPER_COMPILE_SCRIPT = r"""
 import specserve.layers.triton_noise as tn
 from sm90 import compile_sm90
 
-k, reg, stack = compile_sm90(tn._race_uniform_kernel, dict(out_ptr="fp32", key_ptr="i64", pos_ptr="i64"),
-                             dict(BLOCK=1024), 4, 3, not_divisible=("V",))
-print(f"REG:{reg} STACK:{stack}")
-assert stack == 0
+for log in (False, True):
+    k, reg, stack = compile_sm90(tn._race_noise_kernel, dict(out_ptr="fp32", key_ptr="i64", pos_ptr="i64"),
+                                 dict(BLOCK=1024, LOG=log), 4, 3, not_divisible=("V",))
+    print(f"REG:{reg} STACK:{stack}")
+    assert stack == 0
 _, _, stack = compile_sm90(tn._accept_uniform_kernel, dict(out_ptr="fp64", key_ptr="i64", first_ptr="i64"),
                            dict(K_PAD=16), 1, 1, not_divisible=("K",))
 assert stack == 0

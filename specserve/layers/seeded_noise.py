@@ -19,8 +19,9 @@ and the output distribution is the target's, as with any other source of uniform
 
 The hash is MurmurHash3's 32-bit finalizer (``fmix32``), integer-exact in torch's int64 arithmetic (the 32-bit
 products are split so nothing overflows) and in the Triton kernel of :mod:`specserve.layers.triton_noise` (uint32
-arithmetic), which CUDA uses for the [rows, vocab] grid: both give the same bits, and ``-log`` is taken by torch
-on the device either way.  Seed keys are 31-bit and never 0 (0 marks an unseeded row in int32 buffers).
+arithmetic), which CUDA uses for the [rows, vocab] grid and the acceptance uniforms: both give the same bits. On
+CUDA ``-log`` is the kernel's (:func:`race_exponential`), as in the fused sampler of
+:mod:`specserve.layers.triton_sampling`, so the host path and the graphs draw the same noise; on CPU it is torch's.  Seed keys are 31-bit and never 0 (0 marks an unseeded row in int32 buffers).
 """
 
 from __future__ import annotations
@@ -99,9 +100,9 @@ def race_uniform_torch(keys: torch.Tensor, positions: torch.Tensor, vocab: int) 
 def race_uniform(keys: torch.Tensor, positions: torch.Tensor, vocab: int) -> torch.Tensor:
     """:func:`race_uniform_torch`'s values; on CUDA one Triton launch (no host syncs; graph-capturable)."""
     if keys.device.type == "cuda":
-        from specserve.layers.triton_noise import race_uniform_triton
+        from specserve.layers.triton_noise import race_noise_triton
 
-        return race_uniform_triton(keys, positions, vocab)
+        return race_noise_triton(keys, positions, vocab)
     return race_uniform_torch(keys, positions, vocab)
 
 
@@ -110,9 +111,9 @@ def race_exponential(keys: torch.Tensor, positions: torch.Tensor, vocab: int) ->
     (``-log U``: at least 5.9e-8, at most 16.6). On CUDA one Triton launch whose ``-log`` is the fused sampler's
     (:mod:`specserve.layers.triton_sampling`), so the host path and the graphs draw the same values."""
     if keys.device.type == "cuda":
-        from specserve.layers.triton_sampling import race_exponential_triton
+        from specserve.layers.triton_noise import race_noise_triton
 
-        return race_exponential_triton(keys, positions, vocab)
+        return race_noise_triton(keys, positions, vocab, log=True)
     return race_uniform_torch(keys, positions, vocab).log_().neg_()
 
 

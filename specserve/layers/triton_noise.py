@@ -10,7 +10,7 @@ import triton.language as tl
 
 from specserve.layers import seeded_noise as _sn
 
-__all__ = ["accept_uniform_triton", "race_uniform_triton"]
+__all__ = ["accept_u", "accept_uniform_triton", "race_noise_triton", "race_u"]
 
 _BLOCK = 1024
 # the jitted functions read module globals only as constexprs
@@ -32,22 +32,33 @@ def _fmix32(h):
 
 
 @triton.jit
-def _race_uniform_kernel(out_ptr, key_ptr, pos_ptr, V, stride_o, BLOCK: tl.constexpr):
-    row = tl.program_id(0)
-    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    key = tl.load(key_ptr + row).to(tl.uint32)
-    pos = tl.load(pos_ptr + row).to(tl.uint32)
+def race_u(key, pos, cols):
+    """The seeded race uniforms of (key, pos) (uint32) at columns ``cols``: seeded_noise.race_uniform_torch's."""
     k = _fmix32(key ^ tl.full((), STREAM_RACE, tl.uint32))
     st = _fmix32(k + pos * tl.full((), GOLDEN, tl.uint32))
     c = _fmix32(cols.to(tl.uint32) ^ tl.full((), COL_SALT, tl.uint32))
     h = _fmix32(st ^ c)
-    u = ((h >> 9) * 2 + 1).to(tl.float32) * (1.0 / 16777216.0)
+    return ((h >> 9) * 2 + 1).to(tl.float32) * (1.0 / 16777216.0)
+
+
+@triton.jit
+def _race_noise_kernel(out_ptr, key_ptr, pos_ptr, V, stride_o, LOG: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    key = tl.load(key_ptr + row).to(tl.uint32)
+    pos = tl.load(pos_ptr + row).to(tl.uint32)
+    u = race_u(key, pos, cols)
+    if LOG:
+        u = -tl.log(u)
     tl.store(out_ptr + row.to(tl.int64) * stride_o + cols, u, mask=cols < V)
 
 
-def race_uniform_triton(keys: torch.Tensor, positions: torch.Tensor, vocab: int) -> torch.Tensor:
-    """float32 [N, vocab]: :func:`specserve.layers.seeded_noise.race_uniform_torch` of int ``keys`` / ``positions``
-    [N] (values below 2^32)."""
+def race_noise_triton(
+    keys: torch.Tensor, positions: torch.Tensor, vocab: int, log: bool = False
+) -> torch.Tensor:
+    """float32 [N, vocab]: the seeded race uniforms of int ``keys`` / ``positions`` [N] (values below 2^32), bit for
+    bit :func:`specserve.layers.seeded_noise.race_uniform_torch`'s; ``log``: their ``-log`` (the Exp(1) noise, by the
+    kernel's log, which the fused sampler of :mod:`specserve.layers.triton_sampling` computes the same way)."""
     n = int(keys.shape[0])
     if positions.shape != keys.shape:
         raise ValueError(
@@ -58,8 +69,8 @@ def race_uniform_triton(keys: torch.Tensor, positions: torch.Tensor, vocab: int)
         return out
     keys = keys.to(torch.int64).contiguous()
     positions = positions.to(torch.int64).contiguous()
-    _race_uniform_kernel[(n, triton.cdiv(vocab, _BLOCK))](
-        out, keys, positions, vocab, out.stride(0), BLOCK=_BLOCK, num_warps=4
+    _race_noise_kernel[(n, triton.cdiv(vocab, _BLOCK))](
+        out, keys, positions, vocab, out.stride(0), LOG=log, BLOCK=_BLOCK, num_warps=4
     )
     return out
 

@@ -30,18 +30,14 @@ import torch
 import triton
 import triton.language as tl
 
-from specserve.layers import seeded_noise as _sn
-from specserve.layers.triton_noise import _fmix32, accept_u
+from specserve.layers.triton_noise import accept_u, race_u
 
-__all__ = ["race_exponential_triton", "sample_verify_triton"]
+__all__ = ["sample_verify_triton"]
 
 # vocabulary entries a program reads per loop step (SPECSERVE_SAMPLER_BLOCK overrides; a power of 2); H100, session
 # 36: the temperature-only sampler 70 -> 52 us at SmolLM2's vocabulary and 196 -> 128 us at Qwen3's with 8192 vs 2048
 _BLOCK = 8192
 GREEDY_EPS = tl.constexpr(1e-5)
-STREAM_RACE = tl.constexpr(_sn.STREAM_RACE)
-GOLDEN = tl.constexpr(_sn.GOLDEN)
-COL_SALT = tl.constexpr(_sn._COL_SALT)
 
 
 @triton.jit
@@ -58,43 +54,21 @@ def _unkey(k):
 
 
 @triton.jit
-def _race_e(key, pos, cols):
-    """Seeded Exp(1) race noise of (key, pos) at columns ``cols``: -log of seeded_noise.race_uniform's value."""
-    k = _fmix32(key ^ tl.full((), STREAM_RACE, tl.uint32))
-    st = _fmix32(k + pos * tl.full((), GOLDEN, tl.uint32))
-    c = _fmix32(cols.to(tl.uint32) ^ tl.full((), COL_SALT, tl.uint32))
-    h = _fmix32(st ^ c)
-    u = ((h >> 9) * 2 + 1).to(tl.float32) * (1.0 / 16777216.0)
-    return -tl.log(u)
-
-
-@triton.jit
-def _race_exp_kernel(out_ptr, key_ptr, pos_ptr, V, stride_o, BLOCK: tl.constexpr):
-    row = tl.program_id(0)
-    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    key = tl.load(key_ptr + row).to(tl.uint32)
-    pos = tl.load(pos_ptr + row).to(tl.uint32)
-    tl.store(out_ptr + row.to(tl.int64) * stride_o + cols, _race_e(key, pos, cols), mask=cols < V)
-
-
-def race_exponential_triton(keys: torch.Tensor, positions: torch.Tensor, vocab: int) -> torch.Tensor:
-    """float32 [N, vocab]: the seeded race noise as the fused sampler computes it (one launch)."""
-    n = int(keys.shape[0])
-    out = torch.empty((n, vocab), dtype=torch.float32, device=keys.device)
-    if n == 0 or vocab == 0:
-        return out
-    keys = keys.to(torch.int64).contiguous()
-    positions = positions.to(torch.int64).contiguous()
-    _race_exp_kernel[(n, triton.cdiv(vocab, 1024))](
-        out, keys, positions, vocab, out.stride(0), BLOCK=1024, num_warps=4
-    )
-    return out
-
-
-@triton.jit
 def _scaled(base, idx, V, T):
     x = tl.load(base + idx, mask=idx < V, other=float("-inf")).to(tl.float32)
     return tl.math.div_rn(x, T)
+
+
+@triton.jit
+def _mass(base, V, T, m, lo, BLOCK: tl.constexpr):
+    """sum of exp(x - m) over the row's values x whose key is at least ``lo``."""
+    offs = tl.arange(0, BLOCK)
+    acc = tl.zeros([BLOCK], tl.float32)
+    for s in range(0, V, BLOCK):
+        idx = s + offs
+        x = _scaled(base, idx, V, T)
+        acc += tl.where((_key(x) >= lo) & (idx < V), tl.exp(x - m), 0.0)
+    return tl.sum(acc, axis=0)
 
 
 @triton.jit
@@ -143,13 +117,7 @@ def _row_stats_kernel(
                 cnt += ((ky >= cand) & (idx < V)).to(tl.int32)
             t = tl.where(tl.sum(cnt, axis=0) >= kk, cand, t)
         lo = tl.maximum(lo, t)
-    # the min-p / top-k set's total mass
-    zacc = tl.zeros([BLOCK], tl.float32)
-    for s in range(0, V, BLOCK):
-        idx = s + offs
-        x = _scaled(base, idx, V, T)
-        zacc += tl.where((_key(x) >= lo) & (idx < V), tl.exp(x - m), 0.0)
-    z = tl.sum(zacc, axis=0)
+    z = _mass(base, V, T, m, lo, BLOCK)  # the min-p / top-k set's total
     if tp < 1.0:
         # top-p: the smallest key whose mass above it is below top_p * z (or nothing above it: the maximum)
         c = tp * z
@@ -166,12 +134,7 @@ def _row_stats_kernel(
             ok = (f < c) | (f == 0.0)
             a = tl.where(ok, a, a | tl.full((), 1 << bit, tl.uint32))
         lo = tl.maximum(lo, a)
-        zacc = tl.zeros([BLOCK], tl.float32)
-        for s in range(0, V, BLOCK):
-            idx = s + offs
-            x = _scaled(base, idx, V, T)
-            zacc += tl.where((_key(x) >= lo) & (idx < V), tl.exp(x - m), 0.0)
-        z = tl.sum(zacc, axis=0)
+        z = _mass(base, V, T, m, lo, BLOCK)
     # the probability of the draft that follows this row (none after a request's last row)
     pd = tl.full((), 0.0, tl.float32)
     if i < Q - 1:
@@ -253,7 +216,7 @@ def _verify_sample_kernel(
             idx = s + offs
             x = _scaled(base, idx, V, T)
             if SEEDED and seed > 0:
-                e = _race_e(seed, first + acc.to(tl.uint32), idx)
+                e = -tl.log(race_u(seed, first + acc.to(tl.uint32), idx))
             else:
                 e = tl.load(ebase + idx, mask=idx < V, other=1.0)
             keep = (x >= lo) & (idx < V)
