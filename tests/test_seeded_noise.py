@@ -104,3 +104,12 @@ def test_noise_kernel_compiles_for_hopper() -> None:
     from sm90 import run_script
 
     run_script(_HOPPER_COMPILE_SCRIPT)
+
+
+def test_runner_warms_the_seeded_host_kernels(often_qwen3_dir):
+    """The warm-up a CUDA runner does at capture (here on CPU: the torch forms) runs at the model's vocabulary and
+    draft counts."""
+    from specserve import LLM
+
+    llm = LLM(often_qwen3_dir, dtype="float32", device="cpu", max_num_seqs=2, padded_decode=True)
+    llm.engine.runner._warm_seeded_host_kernels()

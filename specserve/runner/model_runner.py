@@ -481,12 +481,26 @@ class ModelRunner:
             self._async_step_inputs = step_input_fns(self.backend.fused)[1]
             if self.async_spec and self.backend.fused:
                 self._warm_async_step_inputs()
+        if capture:
+            self._warm_seeded_host_kernels()
         if capture and self.proposer is not None:
             t0 = time.perf_counter()
             n = self.proposer.warm_eager_passes()
             if n:
                 torch.cuda.synchronize(dev)
                 logger.info("warmed %d eager drafter passes in %.2fs", n, time.perf_counter() - t0)
+
+    def _warm_seeded_host_kernels(self) -> None:
+        """Compile the seeded noise kernels the host sampler launches on CUDA (a seeded request on the host path:
+        logprobs, structured outputs, ...) now rather than inside its first request: the race noise at this
+        vocabulary, the acceptance uniforms for 1 and up to K drafts (Triton specialises an int argument equal
+        to 1)."""
+        from specserve.layers.seeded_noise import accept_uniform, race_exponential
+
+        one = torch.ones(1, dtype=torch.int64, device=self.device)
+        race_exponential(one, one, self.model_config.vocab_size)
+        for k in sorted({1, 2, self.num_speculative_tokens} - {0}):
+            accept_uniform(one, one, k)
 
     def _warm_async_step_inputs(self) -> None:
         """Compile the async step's bookkeeping kernel (``launch_spec``) now rather than at the first pipelined
