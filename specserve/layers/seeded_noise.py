@@ -91,10 +91,22 @@ def column_hash(vocab: int, device: torch.device) -> torch.Tensor:
 
 
 def race_uniform_torch(keys: torch.Tensor, positions: torch.Tensor, vocab: int) -> torch.Tensor:
-    """float32 [N, vocab] race uniforms of rows (keys[i], positions[i]), in [2^-24, 1 - 2^-24] (torch ops)."""
+    """float32 [N, vocab] race uniforms of rows (keys[i], positions[i]), in [2^-24, 1 - 2^-24] (torch ops; a row at
+    a time, so the int64 temporaries stay in cache: 2-core VM, 8 rows of 49152 12.0 -> 3.5-5.0 ms, where torch's
+    ``exponential_`` takes 7.9 ms; one row 0.5 ms)."""
     st = row_state(keys, positions, STREAM_RACE)
-    h = fmix32(st.unsqueeze(1) ^ column_hash(vocab, keys.device).unsqueeze(0))
-    return ((h >> 9) * 2 + 1).to(torch.float32) * (1.0 / 16777216.0)
+    cols = column_hash(vocab, keys.device)
+
+    def rows(s: torch.Tensor) -> torch.Tensor:
+        h = fmix32(s.unsqueeze(-1) ^ cols)
+        return ((h >> 9) * 2 + 1).to(torch.float32) * (1.0 / 16777216.0)
+
+    if st.shape[0] <= 1:
+        return rows(st)
+    out = torch.empty(int(st.shape[0]), vocab, dtype=torch.float32, device=keys.device)
+    for i in range(int(st.shape[0])):
+        out[i] = rows(st[i])
+    return out
 
 
 def race_uniform(keys: torch.Tensor, positions: torch.Tensor, vocab: int) -> torch.Tensor:
