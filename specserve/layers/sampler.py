@@ -65,7 +65,7 @@ class SamplingTensors:
         n = len(params)
         if positions is not None and len(positions) != n:
             raise ValueError(f"got {len(positions)} positions for {n} sampling params")
-        keys = [seed_key(p.seed) if p.seed is not None and not p.greedy else 0 for p in params]
+        keys = [row_seed_key(p) for p in params]
         if any(keys) and positions is None:
             raise ValueError("seeded sampling rows need the positions of the tokens they sample")
         greedy = [p.greedy for p in params]
@@ -129,6 +129,12 @@ def param_row(p: SamplingParams) -> tuple[float, int, float, float]:
     if p.greedy:
         return 0.0, 0, 1.0, 0.0
     return float(p.temperature), int(p.top_k), float(p.top_p), float(p.min_p)
+
+
+def row_seed_key(p: SamplingParams) -> int:
+    """The seed key a request's random draws use (:func:`specserve.layers.seeded_noise.seed_key`), 0 when it has no
+    seed or is greedy (its seed draws nothing)."""
+    return seed_key(p.seed) if p.seed is not None and not p.greedy else 0
 
 
 def static_sampling_tensors(

@@ -24,14 +24,13 @@ from specserve.layers.sampler import (
     compute_logprobs,
     gather_logprobs,
     param_row,
+    row_seed_key,
     sample,
     sort_free,
     sort_free_graphs_on,
 )
-from specserve.layers.seeded_noise import seed_key
 from specserve.models.llama import DecoderLM
 from specserve.runner.cuda_graphs import BucketedGraphs, PaddedBatch, batch_buckets
-from specserve.sampling_params import SamplingParams
 from specserve.spec.proposer import DraftInput, Proposer
 from specserve.spec.rejection import greedy_verify, rejection_sample, sample_verify
 
@@ -85,11 +84,6 @@ class InflightSpec:
     num_draft: torch.Tensor
     budget: torch.Tensor
     first: torch.Tensor
-
-
-def _seed_key(params: SamplingParams) -> int:
-    """The in-graph sampling's seed column: the request's seed key, 0 for greedy and unseeded requests."""
-    return seed_key(params.seed) if params.seed is not None and not params.greedy else 0
 
 
 @torch.no_grad()
@@ -662,7 +656,7 @@ class ModelRunner:
             for s in items:
                 temp, top_k, top_p, min_p = param_row(s.req.params)
                 aux.append(
-                    [len(s.spec_token_ids), self._draft_budget(s.req, 1), top_k, _seed_key(s.req.params)]
+                    [len(s.spec_token_ids), self._draft_budget(s.req, 1), top_k, row_seed_key(s.req.params)]
                 )
                 faux.append([temp, top_p, min_p])
         self.padded[q].fill(b, rows, self.block_size, aux, faux)
@@ -972,7 +966,7 @@ class ModelRunner:
                 ([s.req.token_ids[s.start]] + s.spec_token_ids, s.start, s.req.block_table) for s in items
             ]
             aux = [
-                [len(s.spec_token_ids), self._draft_budget(s.req, 1), p[1], _seed_key(s.req.params)]
+                [len(s.spec_token_ids), self._draft_budget(s.req, 1), p[1], row_seed_key(s.req.params)]
                 for s, p in zip(items, params)
             ]
             buf.fill(b, rows, bs, aux, faux)
@@ -985,7 +979,7 @@ class ModelRunner:
             # block tables (allocated for the worst case) and sampling parameters on the host; everything else
             # from prev on the device (aux columns 0-1, num_draft and budget, are overwritten below)
             top_k = (
-                [[0, 0, p[1], _seed_key(s.req.params)] for s, p in zip(items, params)]
+                [[0, 0, p[1], row_seed_key(s.req.params)] for s, p in zip(items, params)]
                 if random_rows
                 else None
             )
