@@ -106,10 +106,16 @@ def test_noise_kernel_compiles_for_hopper() -> None:
     run_script(_HOPPER_COMPILE_SCRIPT)
 
 
-def test_runner_warms_the_seeded_host_kernels(often_qwen3_dir):
-    """The warm-up a CUDA runner does at capture (here on CPU: the torch forms) runs at the model's vocabulary and
-    draft counts."""
+def test_runner_warms_the_seeded_host_kernels(often_qwen3_dir, monkeypatch):
+    """The warm-up a CUDA runner does at capture launches the race noise at the model's vocabulary and the
+    acceptance uniforms for 1, 2 and K drafts: the kernel variants a seeded host-path request would compile."""
     from specserve import LLM
 
-    llm = LLM(often_qwen3_dir, dtype="float32", device="cpu", max_num_seqs=2, padded_decode=True)
+    calls: list = []
+    monkeypatch.setattr(sn, "race_exponential", lambda keys, pos, vocab: calls.append(("race", vocab)))
+    monkeypatch.setattr(sn, "accept_uniform", lambda keys, first, k: calls.append(("accept", k)))
+    spec = {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
+    llm = LLM(often_qwen3_dir, dtype="float32", device="cpu", max_num_seqs=2, speculative_config=spec)
     llm.engine.runner._warm_seeded_host_kernels()
+    vocab = llm.engine.runner.model_config.vocab_size
+    assert sorted(calls) == [("accept", 1), ("accept", 2), ("accept", 5), ("race", vocab)]

@@ -12,8 +12,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from specserve.layers import sampler  # noqa: E402
-from specserve.layers.sampler import param_row  # noqa: E402
-from specserve.layers.seeded_noise import seed_key  # noqa: E402
+from specserve.layers.sampler import param_row, row_seed_key  # noqa: E402
 from specserve.sampling_params import SamplingParams  # noqa: E402
 from specserve.spec.rejection import greedy_verify, sample_verify  # noqa: E402
 
@@ -31,9 +30,7 @@ def _inputs(sps: list[SamplingParams], q: int, vocab: int, gen: torch.Generator,
     top_k = torch.tensor([x[1] for x in rows], dtype=torch.int32)
     top_p = torch.tensor([x[2] for x in rows], dtype=torch.float32)
     min_p = torch.tensor([x[3] for x in rows], dtype=torch.float32)
-    keys = torch.tensor(
-        [seed_key(p.seed) if p.seed is not None and not p.greedy else 0 for p in sps], dtype=torch.int32
-    )
+    keys = torch.tensor([row_seed_key(p) for p in sps], dtype=torch.int32)
     pos = (torch.arange(b).unsqueeze(1) * 37 + 5 + torch.arange(q)).flatten()
     return logits, ids, temp, top_k, top_p, min_p, keys, pos
 
@@ -91,3 +88,35 @@ def test_triton_sampler_bf16_logits_and_strided_params(monkeypatch):
     tt, tpp, mpp = faux.unbind(1)
     want, got = _both(monkeypatch, logits, ids, tt, tk, tpp, mpp, nd, b, q, key, pos, 1)
     assert torch.equal(got, want)
+
+
+def test_sampler_settings_are_checked(monkeypatch):
+    """SPECSERVE_SAMPLER takes auto / triton / torch; SPECSERVE_SAMPLER_BLOCK a power of 2; auto captures the
+    sort-free graphs on CUDA only, and routes only batches without top-k / top-p there."""
+    from specserve.layers.triton_sampling import sample_verify_triton
+
+    monkeypatch.setenv(sampler.SAMPLER_ENV, "fast")
+    with pytest.raises(ValueError, match=sampler.SAMPLER_ENV):
+        sampler.sampler_mode()
+    monkeypatch.setenv(sampler.SAMPLER_ENV, "auto")
+    assert sampler.sort_free_graphs_on(torch.device("cuda")) and not sampler.sort_free_graphs_on(
+        torch.device("cpu")
+    )
+    assert not sampler.triton_sampler_on(torch.device("cuda"))
+    monkeypatch.setenv(sampler.SAMPLER_ENV, "triton")
+    assert sampler.triton_sampler_on(torch.device("cpu")) and not sampler.sort_free_graphs_on(
+        torch.device("cuda")
+    )
+    assert sampler.sort_free(
+        [SamplingParams(temperature=0.7, min_p=0.1), SamplingParams(temperature=0, top_k=5)]
+    )
+    assert not sampler.sort_free([SamplingParams(temperature=0.7, top_p=0.9)])
+    assert not sampler.sort_free([SamplingParams(temperature=0.7, top_k=20)])
+    gen = torch.Generator().manual_seed(0)
+    logits, ids, temp, top_k, top_p, min_p, keys, pos = _inputs(PARAMS[:1], 1, 50, gen)
+    packed = greedy_verify(logits, ids, 1, 1)
+    monkeypatch.setenv("SPECSERVE_SAMPLER_BLOCK", "1000")
+    with pytest.raises(ValueError, match="SPECSERVE_SAMPLER_BLOCK"):
+        sample_verify_triton(
+            logits, ids, temp, top_k, top_p, min_p, torch.zeros(1, dtype=torch.int32), 1, 1, packed
+        )
