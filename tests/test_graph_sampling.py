@@ -407,8 +407,9 @@ def test_engine_triton_sampler_equals_torch_sampler(method, often_qwen3_dir, dfl
 
 
 def test_sort_free_batches_take_the_triton_graphs(often_qwen3_dir, dflash_dir, monkeypatch):
-    """SPECSERVE_SAMPLER=auto on CUDA: batches whose random rows use neither top-k nor top-p replay the sort-free
-    (Triton) sampling graphs, the others torch's; the tokens are the torch-only engine's either way."""
+    """Batches whose random rows use neither top-k nor top-p replay the sort-free sampling graphs (the Triton form
+    without its top-k / top-p rounds), the others the main set (here on CPU with auto: torch's form; on CUDA the
+    Triton form with its rounds); the tokens are the torch-only engine's either way."""
     import specserve.runner.model_runner as mr
     from specserve.layers.sampler import SAMPLER_ENV
 

@@ -140,8 +140,8 @@ def test_min_p() -> None:
     # threshold 0.5 * 0.5 = 0.25
     assert _kept(logits, SamplingParams(temperature=1.0, min_p=0.5)) == {0}
     assert _kept(logits, SamplingParams(temperature=1.0, min_p=0.0)) == set(range(5))
-    # combined with top_k
-    assert _kept(logits, SamplingParams(temperature=1.0, min_p=0.1, top_k=2)) in ({0, 1}, {0, 4})
+    # combined with top_k (the 2nd largest, 0.2, is tied: both stay)
+    assert _kept(logits, SamplingParams(temperature=1.0, min_p=0.1, top_k=2)) == {0, 1, 4}
 
 
 def test_constraints_are_per_row_and_do_not_modify_input() -> None:
@@ -310,3 +310,24 @@ def test_seeded_sample_distribution_chi_square(over: str) -> None:
     target = _target_probs(logits, 0.7, 0.9)
     assert chi2_pvalue(counts, target) > 0.001
     assert chi2_pvalue(counts, _target_probs(logits, 0.8, 0.9)) < 0.001  # power: a wrong temperature
+
+
+def test_top_k_and_top_p_keep_runs_of_ties_whole():
+    """A threshold decides each kept set (as the sort-free Triton sampler's do): top-k keeps every value tied with
+    the k-th largest, top-p every value tied with the last one its mass needs; the top value always stays."""
+    from specserve.layers.sampler import apply_sampling_constraints, static_sampling_tensors
+
+    logits = torch.tensor([[0.2, 0.4, 0.2, 0.1, 0.2]]).log()
+
+    def kept(top_k: int, top_p: float) -> list[int]:
+        st = static_sampling_tensors(
+            torch.tensor([1.0]), torch.tensor([top_k]), torch.tensor([top_p]), torch.tensor([0.0])
+        )
+        return apply_sampling_constraints(logits, st)[0].isfinite().nonzero().flatten().tolist()
+
+    assert kept(2, 1.0) == [0, 1, 2, 4]  # the 2nd largest (0.2) is tied three ways
+    assert kept(1, 1.0) == [1]
+    assert kept(0, 0.5) == [0, 1, 2, 4]  # 0.4 + 0.2 reaches 0.5; the other 0.2s are tied with that one
+    assert kept(0, 0.3) == [1]  # 0.4 alone reaches 0.3
+    assert kept(0, 0.95) == [0, 1, 2, 3, 4]
+    assert kept(0, 0.05) == [1]  # below the top value's own mass: the top value stays

@@ -168,9 +168,13 @@ def apply_sampling_constraints(logits: torch.Tensor, st: SamplingTensors) -> tor
     """[N, V] logits -> new float32 [N, V] logits with temperature, min-p, top-k and top-p applied.
 
     Order as in vLLM: divide by temperature (greedy rows by 1), min-p (drop tokens whose probability is
-    below ``min_p * max prob``), top-k (keep the k largest; exactly k, ties broken by sort order),
-    top-p (keep the smallest prefix of the sorted distribution whose mass reaches top_p; the top token
-    always stays).  Dropped entries are -inf.  Never modifies ``logits``.
+    below ``min_p * max prob``), top-k (keep the values at or above the k-th largest: ties with it all stay, as in
+    vLLM's top-k-only path), top-p (keep each value whose mass strictly above it, within the top-k set, is below
+    top_p: the smallest prefix of the sorted distribution that reaches top_p, with every value tied with its last
+    entry; the top value always stays).  Ties are kept whole so that a threshold decides each set: the sort-free
+    Triton sampler (:mod:`specserve.layers.triton_sampling`) keeps the same sets, and the graphs' and the host's
+    samplers the same tokens, also on bf16 logits where ties are common.  Dropped entries are -inf.  Never modifies
+    ``logits``.
     """
     out = logits.to(torch.float32)
     if not st.all_greedy:
@@ -188,14 +192,16 @@ def apply_sampling_constraints(logits: torch.Tensor, st: SamplingTensors) -> tor
     vocab = out.shape[-1]
     if not st.no_top_k:
         k = torch.where(st.top_k > 0, st.top_k, torch.full_like(st.top_k, vocab)).clamp(max=vocab)
-        ranks = torch.arange(vocab, device=out.device)
-        sorted_logits = sorted_logits.masked_fill(ranks.unsqueeze(0) >= k.unsqueeze(1), float("-inf"))
+        kth = sorted_logits.gather(1, (k - 1).to(torch.int64).unsqueeze(1))
+        sorted_logits = sorted_logits.masked_fill(sorted_logits < kth, float("-inf"))
     if not st.no_top_p:
         probs = sorted_logits.softmax(dim=-1)
         cum = probs.cumsum(dim=-1)
         mass_before = torch.cat([torch.zeros_like(cum[:, :1]), cum[:, :-1]], dim=-1)
-        drop = (mass_before >= st.top_p.unsqueeze(1)) & (st.top_p < 1.0).unsqueeze(1)
-        drop[:, 0] = False
+        # the mass strictly above a value: mass_before at the first entry of its run of ties
+        neg = sorted_logits.neg()
+        above = mass_before.gather(1, torch.searchsorted(neg, neg, side="left"))
+        drop = (above >= st.top_p.unsqueeze(1)) & (above > 0) & (st.top_p < 1.0).unsqueeze(1)
         sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
     return torch.empty_like(sorted_logits).scatter_(-1, order, sorted_logits)
 
@@ -257,10 +263,10 @@ SAMPLER_ENV = "SPECSERVE_SAMPLER"
 
 def sampler_mode() -> str:
     """``SPECSERVE_SAMPLER``: which form the graphs' random sampler (``sample_verify``) takes: ``torch`` (sorts
-    each row for top-k / top-p: ~60-160 small kernels), ``triton`` (the two launches of
-    :mod:`specserve.layers.triton_sampling` for every batch) or ``auto`` (the default: on CUDA the Triton form for
-    batches whose random rows use neither top-k nor top-p, where it measured 2.6-10x faster than torch's, and
-    torch's otherwise, where the Triton form's threshold searches measured slower at batch 1: H100, session 36)."""
+    each row for top-k / top-p: ~60-160 small kernels), ``triton`` (the sort-free launches of
+    :mod:`specserve.layers.triton_sampling`; on a CPU device under ``TRITON_INTERPRET=1``: the tests) or ``auto``
+    (the default: Triton's on CUDA, where it measured faster than torch's at every measured shape, 1.1-8.7x,
+    and torch's elsewhere: H100, session 37)."""
     mode = os.environ.get(SAMPLER_ENV, "").strip() or "auto"
     if mode not in ("auto", "triton", "torch"):
         raise ValueError(f"{SAMPLER_ENV} must be auto, triton or torch, got {mode!r}")
@@ -268,15 +274,16 @@ def sampler_mode() -> str:
 
 
 def triton_sampler_on(device: torch.device) -> bool:
-    """Whether ``sample_verify`` (not told otherwise) runs the Triton form: ``SPECSERVE_SAMPLER=triton`` (on a CPU
-    device that needs ``TRITON_INTERPRET=1``: the tests). Read per call, i.e. per graph capture."""
-    return sampler_mode() == "triton"
+    """Whether ``sample_verify`` (not told otherwise) runs the Triton form: ``SPECSERVE_SAMPLER=triton``, or
+    ``auto`` on CUDA. Read per call, i.e. per graph capture."""
+    mode = sampler_mode()
+    return mode == "triton" or (mode == "auto" and device.type == "cuda")
 
 
 def sort_free_graphs_on(device: torch.device) -> bool:
-    """Whether the runner captures a second set of sampling graphs on the Triton form for batches without top-k /
-    top-p (``SPECSERVE_SAMPLER=auto`` on CUDA)."""
-    return device.type == "cuda" and sampler_mode() == "auto"
+    """Whether the runner captures a second set of sampling graphs, the Triton form without its top-k / top-p
+    rounds, for batches that use neither (on CUDA, when the Triton form is on)."""
+    return device.type == "cuda" and triton_sampler_on(device)
 
 
 def sort_free(params: Sequence[SamplingParams]) -> bool:

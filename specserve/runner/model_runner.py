@@ -434,7 +434,9 @@ class ModelRunner:
             pool = self.graphs[q].pool
             self.sample_graphs[q] = self._sampling_graphs(q, capture, pool)
             if sort_free_graphs_on(dev):
-                self.sort_free_graphs[q] = self._sampling_graphs(q, capture, pool, use_triton=True)
+                self.sort_free_graphs[q] = self._sampling_graphs(
+                    q, capture, pool, use_triton=True, searches=False
+                )
         self._setup_prefill_graphs(capture, pool)
         # the fused step: the drafter's half of a greedy verify step as a second graph on the same buffers
         k = self.num_speculative_tokens
@@ -568,13 +570,14 @@ class ModelRunner:
         return hidden, features, [n]
 
     def _sampling_graphs(
-        self, q: int, capture: bool, pool: Any, use_triton: bool | None = None
+        self, q: int, capture: bool, pool: Any, use_triton: bool | None = None, searches: bool = True
     ) -> BucketedGraphs:
         """Random sampling + acceptance of a uniform step as a second graph per bucket, replayed right after the
         target's on its outputs (only on steps with random requests: greedy steps pay nothing for it).  It
         overwrites the target graph's packed output in place with sample_verify's (same layout, greedy rows
         unchanged), so everything downstream (the fused step, the one copy back) reads the same tensor.
-        ``use_triton``: sample_verify's form (default: SPECSERVE_SAMPLER's)."""
+        ``use_triton``: sample_verify's form (default: SPECSERVE_SAMPLER's); ``searches=False``: the Triton form
+        without its top-k / top-p rounds, for batches that use neither."""
         buf, target = self.padded[q], self.graphs[q]
 
         def fn(b: int) -> torch.Tensor:
@@ -597,6 +600,7 @@ class ModelRunner:
                 seed_key=key,
                 pos=v.pos,
                 use_triton=use_triton,
+                searches=searches,
             )
             return packed.copy_(out)
 

@@ -233,6 +233,7 @@ def sample_verify(
     seed_key: torch.Tensor | None = None,
     pos: torch.Tensor | None = None,
     use_triton: bool | None = None,
+    searches: bool = True,
 ) -> torch.Tensor:
     """rejection_sample for a padded batch, for the graphs: static shapes, no host syncs, no Python branches on
     values (except on CPU tensors, where nothing is captured), random draws from torch's default generator or,
@@ -258,8 +259,9 @@ def sample_verify(
         from specserve.layers.triton_sampling import sample_verify_triton
 
         return sample_verify_triton(
-            logits, ids, temperature, top_k, top_p, min_p, num_draft, b, q, greedy_packed, seed_key, pos
-        )
+            logits, ids, temperature, top_k, top_p, min_p, num_draft, b, q, greedy_packed, seed_key, pos,
+            searches=searches,
+        )  # fmt: skip
     logits = logits.float()
 
     def per_row(t: torch.Tensor) -> torch.Tensor:
