@@ -29,7 +29,8 @@ the torch form's but for fp32 rounding of the masses. No host syncs; grids from 
 deterministic (fixed reduction orders, no atomics); runs under ``TRITON_INTERPRET=1``. Batches without top-k /
 top-p skip the 16 rounds (``searches=False``: 5 launches; the runner's sort-free graphs).
 
-Measured (H100, session 37, the sampling graph alone, 1024-entry programs): without top-k / top-p 23-37 us at
+Measured (H100, session 37, the sampling graph alone, 1024-entry programs; another H100 ran the committed form's
+sort-free path at 34 us where this one gave 23): without top-k / top-p 23-37 us at
 SmolLM2's vocabulary and 29-53 us at Qwen3's for 1-64 rows (torch's form: 187-781 / 252-2177 us; session 36's
 one-program-per-row form: 52-59 / 128-143 us); top_p 0.95 122-636 / 146-1770 us (torch's: 195-789 / 279-2195); top_k
 20 + top_p 0.95 156-703 / 169-1988. The searches read every chunk each round (16 launches): faster than the sort
