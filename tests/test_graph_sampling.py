@@ -389,6 +389,9 @@ def test_engine_triton_sampler_equals_torch_sampler(method, often_qwen3_dir, dfl
     CUDA) emit the torch sampler's tokens: seeded, unseeded (the same draws of torch's generator) and greedy."""
     from specserve.layers.sampler import SAMPLER_ENV
 
+    # 8192-entry programs: 6 a row instead of 48 (the interpreter runs every program of every launch; the rows split
+    # over many programs are test_triton_sampling's)
+    monkeypatch.setenv("SPECSERVE_SAMPLER_BLOCK", "8192")
     spec = _spec(method, dflash_dir)
     sps = [
         SamplingParams(temperature=0.8, min_p=0.01, seed=5, max_tokens=7, ignore_eos=True),

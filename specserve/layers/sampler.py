@@ -198,10 +198,11 @@ def apply_sampling_constraints(logits: torch.Tensor, st: SamplingTensors) -> tor
         probs = sorted_logits.softmax(dim=-1)
         cum = probs.cumsum(dim=-1)
         mass_before = torch.cat([torch.zeros_like(cum[:, :1]), cum[:, :-1]], dim=-1)
-        # the mass strictly above a value: mass_before at the first entry of its run of ties
-        neg = sorted_logits.neg()
-        above = mass_before.gather(1, torch.searchsorted(neg, neg, side="left"))
-        drop = (above >= st.top_p.unsqueeze(1)) & (above > 0) & (st.top_p < 1.0).unsqueeze(1)
+        # the sorted prefix whose mass before each entry is below top_p (at least the top entry), then every value
+        # at or above its last one: the runs of ties each keep or drop whole (a run's first entry decides it)
+        n_keep = (mass_before < st.top_p.unsqueeze(1)).sum(dim=-1, keepdim=True).clamp(min=1)
+        last = sorted_logits.gather(1, n_keep - 1)
+        drop = (sorted_logits < last) & (st.top_p < 1.0).unsqueeze(1)
         sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
     return torch.empty_like(sorted_logits).scatter_(-1, order, sorted_logits)
 
