@@ -77,18 +77,6 @@ def _scaled(base, idx, V, T):
 
 
 @triton.jit
-def _mass(base, V, T, m, lo, BLOCK: tl.constexpr):
-    """sum of exp(x - m) over the row's values x whose key is at least ``lo``."""
-    offs = tl.arange(0, BLOCK)
-    acc = tl.zeros([BLOCK], tl.float32)
-    for s in range(0, V, BLOCK):
-        idx = s + offs
-        x = _scaled(base, idx, V, T)
-        acc += tl.where((_key(x) >= lo) & (idx < V), tl.exp(x - m), 0.0)
-    return tl.sum(acc, axis=0)
-
-
-@triton.jit
 def _chunk(base, c, V, T, CHUNK: tl.constexpr):
     """Chunk ``c`` of a row: its vocabulary indices and scaled values (-inf past V)."""
     idx = c * CHUNK + tl.arange(0, CHUNK)
