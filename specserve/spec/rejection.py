@@ -243,8 +243,9 @@ def sample_verify(
     as ``param_row`` gives them (temperature 0: greedy) and its number of real drafts (the drafts past it are
     padding: never accepted, and the bonus is drawn at row num_draft).  ``greedy_packed``: greedy_verify's
     output for these logits, when already computed.  ``logits`` in any float dtype (read as fp32).  Under
-    ``use_triton`` (default: :func:`specserve.layers.sampler.triton_sampler_on`) the two launches of
-    :mod:`specserve.layers.triton_sampling` compute the same draws and tokens without sorting.
+    ``use_triton`` (default: :func:`specserve.layers.sampler.triton_sampler_on`) the launches of
+    :mod:`specserve.layers.triton_sampling` compute the same draws and tokens without sorting (``searches=False``
+    leaves out their top-k / top-p rounds: only for batches that use neither).
 
     Returns int64 [b, q+1] in greedy_verify's layout, so that request j emits
     ``packed[j, : min(packed[j, q], num_draft[j]) + 1]``: greedy rows are exactly greedy_verify's; for a random
