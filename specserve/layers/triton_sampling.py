@@ -498,7 +498,7 @@ def sample_verify_triton(
 
 
 def sampler_block() -> int:
-    """Vocabulary entries per program (``SPECSERVE_SAMPLER_BLOCK``, a power of 2 >= 16; default 2048)."""
+    """Vocabulary entries per program (``SPECSERVE_SAMPLER_BLOCK``, a power of 2 >= 16; default 1024)."""
     block = int(os.environ.get("SPECSERVE_SAMPLER_BLOCK", "") or _BLOCK)
     if block < 16 or block & (block - 1):
         raise ValueError(f"SPECSERVE_SAMPLER_BLOCK must be a power of 2 >= 16, got {block}")
