@@ -12,34 +12,20 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import subprocess
 import sys
 
 import torch
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from decode_profile import graph_ms  # noqa: E402
+
 
 def graph_us(fn, reps: int = 200) -> float:  # type: ignore[no-untyped-def]
-    """us per replay of fn captured in a CUDA graph (after a warm-up call)."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    for _ in range(10):
-        g.replay()
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda.synchronize()
-    a.record()
-    for _ in range(reps):
-        g.replay()
-    b.record()
-    torch.cuda.synchronize()
-    return a.elapsed_time(b) * 1000 / reps
+    """us per replay of fn captured in a CUDA graph (decode_profile's timing)."""
+    return graph_ms(fn, reps) * 1000
 
 
 def kernels(fn) -> int:  # type: ignore[no-untyped-def]

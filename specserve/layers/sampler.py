@@ -207,6 +207,24 @@ def apply_sampling_constraints(logits: torch.Tensor, st: SamplingTensors) -> tor
     return torch.empty_like(sorted_logits).scatter_(-1, order, sorted_logits)
 
 
+def seeded_rows(
+    seed_keys: Sequence[int],
+    positions: Sequence[int] | torch.Tensor | None,
+    device: torch.device | str | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """The rows with a seed key (non-zero ``seed_keys[i]``) as device tensors (row indices, keys, their
+    ``positions``), or None when no row has one."""
+    seeded = [i for i, key in enumerate(seed_keys) if key]
+    if not seeded:
+        return None
+    if positions is None:
+        raise ValueError("seeded rows need positions")
+    idx = torch.tensor(seeded, dtype=torch.int64, device=device)
+    keys = torch.tensor([seed_keys[i] for i in seeded], dtype=torch.int64, device=device)
+    pos = torch.as_tensor(positions, dtype=torch.int64, device=device).index_select(0, idx)
+    return idx, keys, pos
+
+
 def draw_exponential(
     num_rows: int,
     vocab: int,
@@ -222,18 +240,14 @@ def draw_exponential(
     come from ``fallback`` (or torch's default generator).
     """
     e = torch.empty(num_rows, vocab, dtype=torch.float32, device=device)
-    seeded = [i for i, key in enumerate(seed_keys) if key]
-    if len(seeded) < num_rows:
+    rows = seeded_rows(seed_keys, positions, e.device)
+    if rows is None or len(rows[0]) < num_rows:
         e.exponential_(generator=fallback)
         e.clamp_(min=torch.finfo(torch.float32).tiny)
-    if seeded:
-        if positions is None:
-            raise ValueError("seeded rows need positions")
-        pos = torch.as_tensor(positions, dtype=torch.int64, device=e.device)
-        idx = torch.tensor(seeded, dtype=torch.int64, device=e.device)
-        keys = torch.tensor([seed_keys[i] for i in seeded], dtype=torch.int64, device=e.device)
-        noise = race_exponential(keys, pos.index_select(0, idx), vocab)
-        if len(seeded) == num_rows:
+    if rows is not None:
+        idx, keys, pos = rows
+        noise = race_exponential(keys, pos, vocab)
+        if len(idx) == num_rows:
             return noise
         e.index_copy_(0, idx, noise)
     return e

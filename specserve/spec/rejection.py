@@ -36,6 +36,7 @@ from specserve.layers.sampler import (
     argmax_last,
     draw_exponential,
     greedy_tail_on,
+    seeded_rows,
     static_sampling_tensors,
     triton_sampler_on,
 )
@@ -54,16 +55,12 @@ def _draw_uniform(
 ) -> torch.Tensor:
     """[num_rows, k] float64 uniforms in (0, 1]; seeded row i: the acceptance uniforms of positions[i] + j."""
     u = torch.zeros(num_rows, k, dtype=torch.float64, device=device)
-    seeded = [i for i, key in enumerate(seed_keys) if key]
-    if len(seeded) < num_rows:
+    rows = seeded_rows(seed_keys, positions, device)
+    if rows is None or len(rows[0]) < num_rows:
         u.uniform_(generator=fallback)
         u = 1.0 - u  # uniform_ draws from [0, 1); 1 - x lies in (0, 1]
-    if seeded and k > 0:
-        if positions is None:
-            raise ValueError("seeded rows need positions")
-        keys = torch.tensor([seed_keys[i] for i in seeded], dtype=torch.int64, device=device)
-        pos = torch.tensor([positions[i] for i in seeded], dtype=torch.int64, device=device)
-        idx = torch.tensor(seeded, dtype=torch.int64, device=device)
+    if rows is not None and k > 0:
+        idx, keys, pos = rows
         u.index_copy_(0, idx, accept_uniform(keys, pos, k))
     return u
 
