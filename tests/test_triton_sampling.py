@@ -156,6 +156,11 @@ def test_sampler_settings_are_checked(monkeypatch):
         sample_verify_triton(
             logits, ids, temp, top_k, top_p, min_p, torch.zeros(1, dtype=torch.int32), 1, 1, packed
         )
+    huge = torch.zeros(1, 1).expand(1, 1 << 24)  # indices past 2^24 are not exact in float32: refused
+    with pytest.raises(ValueError, match="vocabulary"):
+        sample_verify_triton(
+            huge, ids, temp, top_k, top_p, min_p, torch.zeros(1, dtype=torch.int32), 1, 1, packed
+        )
 
 
 _HOPPER_COMPILE_SCRIPT = """

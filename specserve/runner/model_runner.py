@@ -631,6 +631,13 @@ class ModelRunner:
         finally:
             self._sample_in = None
 
+    def _param_columns(self, s, drafts: bool = True) -> tuple[list[int], list[float]]:  # type: ignore[no-untyped-def]
+        """A request's row of the padded batch's int columns (num_draft, draft budget, top_k, seed key; the first
+        two 0 without ``drafts``: written on the device) and float columns (temperature, top_p, min_p)."""
+        temp, top_k, top_p, min_p = param_row(s.req.params)
+        lead = [len(s.spec_token_ids), self._draft_budget(s.req, 1)] if drafts else [0, 0]
+        return lead + [top_k, row_seed_key(s.req.params)], [temp, top_p, min_p]
+
     def _forward_uniform(
         self,
         items: list,  # type: ignore[type-arg]
@@ -656,13 +663,8 @@ class ModelRunner:
         aux: list[list[int]] | None = None
         faux: list[list[float]] | None = None
         if with_params:
-            aux, faux = [], []
-            for s in items:
-                temp, top_k, top_p, min_p = param_row(s.req.params)
-                aux.append(
-                    [len(s.spec_token_ids), self._draft_budget(s.req, 1), top_k, row_seed_key(s.req.params)]
-                )
-                faux.append([temp, top_p, min_p])
+            cols = [self._param_columns(s) for s in items]
+            aux, faux = [a for a, _ in cols], [f for _, f in cols]
         self.padded[q].fill(b, rows, self.block_size, aux, faux)
         if feed is not None:
             # stream-ordered after the previous step's graph and this step's upload, before this replay
@@ -962,18 +964,15 @@ class ModelRunner:
         graphs, buf = self.graphs[q], self.padded[q]
         b = graphs.bucket(n)
         v = buf.views(b)
-        params = [param_row(s.req.params) for s in items]  # (temperature, top_k, top_p, min_p)
-        random_rows = any(p[0] > 0 for p in params)
-        faux = [[p[0], p[2], p[3]] for p in params] if random_rows else None
+        # (num_draft, budget, top_k, seed key), (temperature, top_p, min_p); with prev the first two come from it
+        cols = [self._param_columns(s, drafts=prev is None) for s in items]
+        random_rows = any(f[0] > 0 for _, f in cols)
+        faux = [f for _, f in cols] if random_rows else None
         if prev is None:
             rows = [
                 ([s.req.token_ids[s.start]] + s.spec_token_ids, s.start, s.req.block_table) for s in items
             ]
-            aux = [
-                [len(s.spec_token_ids), self._draft_budget(s.req, 1), p[1], row_seed_key(s.req.params)]
-                for s, p in zip(items, params)
-            ]
-            buf.fill(b, rows, bs, aux, faux)
+            buf.fill(b, rows, bs, [a for a, _ in cols], faux)
             # this step's own copies (the next step's fill overwrites the buffers read here): .long() of the
             # int32 columns copies; first is copied contiguous for the bookkeeping kernel of the next step
             num_draft = v.aux[:n, 0].long()
@@ -982,12 +981,8 @@ class ModelRunner:
         else:
             # block tables (allocated for the worst case) and sampling parameters on the host; everything else
             # from prev on the device (aux columns 0-1, num_draft and budget, are overwritten below)
-            top_k = (
-                [[0, 0, p[1], row_seed_key(s.req.params)] for s, p in zip(items, params)]
-                if random_rows
-                else None
-            )
-            buf.fill(b, [([0], s.req.num_computed_tokens, s.req.block_table) for s in items], bs, top_k, faux)
+            aux = [a for a, _ in cols] if random_rows else None
+            buf.fill(b, [([0], s.req.num_computed_tokens, s.req.block_table) for s in items], bs, aux, faux)
             order = {id(s.req): i for i, s in enumerate(prev.items)}
             idx = [order[id(s.req)] for s in items]
             src_packed, src_nd, src_budget, src_first = prev.packed, prev.num_draft, prev.budget, prev.first
