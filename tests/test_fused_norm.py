@@ -147,6 +147,22 @@ def test_fused_norm_rejects_bad_inputs(monkeypatch):
     assert [llama.fused_norm_mode(r) for r in (1, 16)] == [2, 2]
 
 
+def _split_engine(monkeypatch, layout: str):  # type: ignore[no-untyped-def]
+    """The engine tests' settings: the Triton split-K GEMMs over ``layout`` weights with small tiles (the small
+    model's one-row six-kernel layer off, so its one-row steps take the split path too); (prompts, greedy params,
+    LLM kwargs)."""
+    from specserve import SamplingParams
+
+    monkeypatch.setenv("SPECSERVE_WEIGHT_LAYOUT", layout)
+    monkeypatch.setenv("SPECSERVE_TRITON_GEMM", "1")
+    monkeypatch.setenv("SPECSERVE_SPLIT_GEMM", "qkv=2,o=2,down=4")
+    monkeypatch.setenv("SPECSERVE_TRITON_GEMM_TILES", ENGINE_TILES)
+    monkeypatch.setenv("SPECSERVE_TRITON_GEMV", "0")
+    sp = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    kw = dict(dtype="float32", device="cpu", num_gpu_blocks=64, attention_backend="triton")
+    return ["The capital of France is", "def f(x):"], sp, kw
+
+
 # mode 1 (the default's, at one row): the add epilogues with rms_norm kernels, with DFlash; 2: and the norm prologues
 @pytest.mark.parametrize(("layout", "mode"), [("kn", "1"), ("nk", "2")])
 def test_engine_tokens_unchanged_with_fused_norm(tiny2_qwen3_dir, tmp_path, layout, mode, monkeypatch):
@@ -159,15 +175,7 @@ def test_engine_tokens_unchanged_with_fused_norm(tiny2_qwen3_dir, tmp_path, layo
     import specserve.layers.triton_splitk as ts
     from specserve import LLM, SamplingParams
 
-    monkeypatch.setenv("SPECSERVE_WEIGHT_LAYOUT", layout)
-    monkeypatch.setenv("SPECSERVE_TRITON_GEMM", "1")
-    monkeypatch.setenv("SPECSERVE_SPLIT_GEMM", "qkv=2,o=2,down=4")
-    monkeypatch.setenv("SPECSERVE_TRITON_GEMM_TILES", ENGINE_TILES)
-    # small models' one-row six-kernel layer off: their one-row steps take the split path too
-    monkeypatch.setenv("SPECSERVE_TRITON_GEMV", "0")
-    prompts = ["The capital of France is", "def f(x):"]
-    sp = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
-    kw = dict(dtype="float32", device="cpu", num_gpu_blocks=64, attention_backend="triton")
+    prompts, sp, kw = _split_engine(monkeypatch, layout)
     adds: list[int] = []
     norms: list[int] = []
     real_add, real_norm = ts.splitk_add, tf._launch_rms_norm
@@ -225,14 +233,7 @@ def test_engine_tokens_unchanged_with_folded_norms(tiny2_qwen3_dir, tmp_path, mo
                 w[key] = (0.5 + torch.rand(w[key].shape, generator=g)).to(w[key].dtype)
 
     target = edit_target(tiny2_qwen3_dir, tmp_path / "t", edit)
-    monkeypatch.setenv("SPECSERVE_WEIGHT_LAYOUT", "kn")
-    monkeypatch.setenv("SPECSERVE_TRITON_GEMM", "1")
-    monkeypatch.setenv("SPECSERVE_SPLIT_GEMM", "qkv=2,o=2,down=4")
-    monkeypatch.setenv("SPECSERVE_TRITON_GEMM_TILES", ENGINE_TILES)
-    monkeypatch.setenv("SPECSERVE_TRITON_GEMV", "0")
-    prompts = ["The capital of France is", "def f(x):"]
-    sp = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
-    kw = dict(dtype="float32", device="cpu", num_gpu_blocks=64, attention_backend="triton")
+    prompts, sp, kw = _split_engine(monkeypatch, "kn")
     dflash = make_dflash(tmp_path / "d", mc["hidden_size"], n, mc["vocab_size"], layer_ids=[0, 1])
     spec = {"method": "dflash", "model": dflash, "num_speculative_tokens": 4}
     norms: list[int] = []

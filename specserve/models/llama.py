@@ -360,7 +360,7 @@ def _run_layers_fused_norm(
     reads the rows after attention, and ``silu_mul`` computes ``silu(r * gate) * (r * up)``: no ``rms_norm`` kernels
     but the first layer's input norm and the final one. The normalised row is not rounded to the model dtype before
     the GEMM (the product is scaled instead)."""
-    from specserve.layers.triton_fused import rms_norm, silu_mul
+    from specserve.layers.triton_fused import RowScale, rms_norm, silu_mul
     from specserve.layers.triton_splitk import (
         NormIn,
         gate_up_min_rows,
@@ -369,9 +369,7 @@ def _run_layers_fused_norm(
         splitk_partials,
     )
 
-    if mode == 3:
-        return _run_layers_folded(layers, h, positions, meta, caches, backend, norm, want, splits)
-    prologue = mode == 2
+    prologue, folded = mode == 2, mode == 3
     triton_gate_up = h.shape[0] >= gate_up_min_rows()
     gate_up_splits = splits.get("gate_up", 1)
     taps: dict[int, torch.Tensor] = {}
@@ -385,11 +383,17 @@ def _run_layers_fused_norm(
         w_qkv = _kn_weight(attn.qkv_proj)
         if prologue and ssq is not None:
             parts = splitk_partials(entering, w_qkv, splits["qkv"], "qkv", NormIn(ssq, ln.weight, ln.eps))
-        else:  # (the embeddings have no sums of squares)
+        elif folded and ssq is not None:
+            scale = RowScale(ssq, ln.eps, entering.shape[1])
+            parts = splitk_partials(entering, w_qkv, splits["qkv"], "qkv", scale=scale)
+        else:  # (the embeddings have no sums of squares; folded: the norm's weight is ones)
             parts = splitk_partials(rms_norm(entering, ln.weight, ln.eps), w_qkv, splits["qkv"], "qkv")
         a = attn.rope_attend(_output_like(h, parts), positions, meta, caches[i], backend, partials=parts)
         after_attn, ssq = splitk_add(a, _kn_weight(attn.o_proj), splits["o"], "o", entering)
-        if prologue and triton_gate_up:
+        if folded:  # cuBLAS's gate_up on the rows themselves, scaled by their 1 / rms in the SiLU-mul
+            scale = RowScale(ssq, pn.eps, after_attn.shape[1])
+            s = silu_mul(mlp.gate_up_proj(after_attn), mlp.intermediate, scale)
+        elif prologue and triton_gate_up:
             nin = NormIn(ssq, pn.weight, pn.eps)
             s = gate_up_silu(after_attn, _kn_weight(mlp.gate_up_proj), mlp.intermediate, nin, gate_up_splits)
         elif triton_gate_up:
@@ -397,46 +401,6 @@ def _run_layers_fused_norm(
             s = gate_up_silu(normed, _kn_weight(mlp.gate_up_proj), mlp.intermediate, splits=gate_up_splits)
         else:
             s = silu_mul(mlp.gate_up_proj(rms_norm(after_attn, pn.weight, pn.eps)), mlp.intermediate)
-        entering, ssq = splitk_add(s, _kn_weight(mlp.down_proj), splits["down"], "down", after_attn)
-    if len(layers) in want:
-        taps[len(layers)] = entering
-    return rms_norm(entering, norm.weight, norm.eps), taps
-
-
-def _run_layers_folded(
-    layers: nn.ModuleList,
-    h: torch.Tensor,
-    positions: torch.Tensor,
-    meta: AttnMetadata,
-    caches: list[KVCache],
-    backend: AttentionBackend,
-    norm: RMSNorm,
-    want: set[int],
-    splits: dict[str, int],
-) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
-    """:func:`_run_layers_fused_norm`'s mode 3 (norm weights folded into qkv / gate_up)."""
-    from specserve.layers.triton_fused import RowScale, rms_norm, silu_mul
-    from specserve.layers.triton_splitk import splitk_add, splitk_partials
-
-    taps: dict[int, torch.Tensor] = {}
-    entering, ssq = h, None
-    for i, mod in enumerate(layers):
-        layer = cast(DecoderLayer, mod)
-        attn, mlp = layer.self_attn, layer.mlp
-        if i in want:
-            taps[i] = entering
-        ln, pn = layer.input_layernorm, layer.post_attention_layernorm
-        w_qkv = _kn_weight(attn.qkv_proj)
-        if ssq is None:  # the embeddings have no sums of squares: the (weightless) norm as a kernel
-            parts = splitk_partials(rms_norm(entering, ln.weight, ln.eps), w_qkv, splits["qkv"], "qkv")
-        else:
-            scale = RowScale(ssq, ln.eps, entering.shape[1])
-            parts = splitk_partials(entering, w_qkv, splits["qkv"], "qkv", scale=scale)
-        a = attn.rope_attend(_output_like(h, parts), positions, meta, caches[i], backend, partials=parts)
-        after_attn, ssq_a = splitk_add(a, _kn_weight(attn.o_proj), splits["o"], "o", entering)
-        gu = mlp.gate_up_proj(after_attn)  # cuBLAS, on the rows themselves
-        scale = RowScale(ssq_a, pn.eps, after_attn.shape[1])
-        s = silu_mul(gu, mlp.intermediate, scale)
         entering, ssq = splitk_add(s, _kn_weight(mlp.down_proj), splits["down"], "down", after_attn)
     if len(layers) in want:
         taps[len(layers)] = entering
