@@ -595,9 +595,8 @@ def _silu_mul_kernel(
     mask = cols < n_cols
     g = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
     u = tl.load(x_ptr + row * stride_x + n_cols + cols, mask=mask, other=0.0).to(tl.float32)
-    if (
-        SCALE
-    ):  # gate / up of the normalised row (its norm's weight folded into gate_up): times the row's 1 / rms
+    # SCALE: gate / up of the normalised row (its norm's weight folded into gate_up's): times the row's 1 / rms
+    if SCALE:
         offs_b = tl.arange(0, NB_BLOCK)
         parts = tl.load(ssq_ptr + row * stride_q + offs_b, mask=offs_b < NB, other=0.0)
         rstd = tl.math.rsqrt(tl.sum(parts, 0) / WIDTH + eps)

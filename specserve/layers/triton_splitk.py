@@ -691,11 +691,7 @@ def splitk_partials(
 
 
 def splitk_add(
-    x: torch.Tensor,
-    weight_t: torch.Tensor,
-    splits: int,
-    name: str,
-    residual: torch.Tensor,
+    x: torch.Tensor, weight_t: torch.Tensor, splits: int, name: str, residual: torch.Tensor
 ) -> AddOut:
     """``h = residual + x @ weight_t`` (the product rounded to x's dtype, then the add in it: the torch path's
     ``h = h + proj(x)``) in one kernel: the split-K partials are summed by the last program of each N block to

@@ -300,8 +300,8 @@ def fused_norm_mode(rows: int, folded: bool = False) -> int:
     decode step 4.439 -> 4.374 ms, 4 rows 4.400 -> 4.544, the 16-row DFlash K=15 step 5.819 -> 6.055; mode 2 slower
     everywhere (the prologue's L2 round trip before the weight stream). ``folded`` (the layers' norm weights folded
     into qkv / gate_up: :meth:`DecoderLM.fold_norm_weights`): ``auto`` gives 3 at one-row steps, no norm kernels
-    between the layers at all (qkv's partials scaled by 1 / rms, down_proj computing the SiLU-mul of the scaled
-    gate_up rows in its K loop). See :func:`_run_layers_fused_norm`."""
+    between the layers (qkv's partials and the SiLU-mul's gate / up rows scaled by 1 / rms). See
+    :func:`_run_layers_fused_norm`."""
     v = os.environ.get(FUSED_NORM_ENV, "").strip() or "auto"
     if v not in ("0", "1", "2", "auto"):
         raise ValueError(f"{FUSED_NORM_ENV} must be 0, 1, 2 or auto, got {v!r}")
@@ -624,9 +624,8 @@ class DecoderLM(nn.Module):
                 (layer.input_layernorm, layer.self_attn.qkv_proj),
                 (layer.post_attention_layernorm, layer.mlp.gate_up_proj),
             ):
-                wt = _kn_weight(
-                    lin
-                )  # [K, N] (a view of nn.Linear's weight, or a TransposedLinear's weight_t)
+                # [K, N]: a view of nn.Linear's weight, or a TransposedLinear's weight_t
+                wt = _kn_weight(lin)
                 w = nrm.weight.float()
                 for c in range(0, wt.shape[1], 4096):  # bounded fp32 temporaries
                     part = wt[:, c : c + 4096]
