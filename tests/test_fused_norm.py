@@ -67,50 +67,6 @@ def test_add_epilogue_and_norm_prologue_match_the_kernels_they_replace(
     )
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("rows", [1, 5])
-@pytest.mark.parametrize("layout", ["kn", "nk"])
-@pytest.mark.parametrize("splits", [1, 4])
-def test_folded_norm_forms_match_norm_then_gemm(dtype, rows, layout, splits, monkeypatch):
-    """``SPECSERVE_FOLD_NORMS``' kernels: the qkv partials of the raw residual rows scaled by 1 / rms (RowScale)
-    == the partials of rms_norm(rows) (weight ones: the norm's weight lives in W), and ``silu_mul`` of gate_up rows
-    scaled by the 1 / rms of the rows gate_up read == silu_mul of the scaled rows."""
-    import specserve.layers.triton_splitk as ts
-    from specserve.layers.triton_fused import RowScale, rms_norm, silu_mul
-
-    monkeypatch.setenv("SPECSERVE_TRITON_GEMM_TILES", TINY_TILES)
-    torch.manual_seed(rows * 10 + splits + 7)
-    k, n, inter = 64, 48, 64
-    x, r = (4 * torch.randn(rows, k)).to(dtype), torch.randn(rows, k).to(dtype)
-    w = _weight(k, k, layout, dtype)
-    h = ts.splitk_add(x, w, splits, "o", r)  # the residual rows and their sums of squares
-    ones = torch.ones(k, dtype=dtype)
-    scale = RowScale(h.ssq, 1e-6, k)
-    normed = rms_norm(h.h, ones, 1e-6)
-    w2 = _weight(k, n, layout, dtype)
-    got = ts.splitk_partials(h.h, w2, 4 if rows > 1 else 2, "qkv", scale=scale)
-    want = ts.splitk_partials(normed, w2, 4 if rows > 1 else 2, "qkv")
-    # sum(r * p) vs sum(p(round(r * x))): the model dtype's rounding of the normed row apart
-    tol = 2e-5 if dtype == torch.float32 else 3e-2
-    torch.testing.assert_close(got.sum(0), want.sum(0), rtol=tol, atol=tol)
-    # scaled by 1: exactly the unscaled partials (the row scale is the only change)
-    unit = RowScale(torch.full((rows, 1), float(k)), 1e-30, k)  # ssq / width = 1 -> 1 / rms = 1
-    assert torch.equal(
-        ts.splitk_partials(h.h, w2, 2, "qkv", scale=unit), ts.splitk_partials(h.h, w2, 2, "qkv")
-    )
-    # the SiLU-mul of gate_up rows of the raw residual rows: == silu_mul of round(gate_up * 1 / rms)
-    gu = (3 * torch.randn(rows, 2 * inter)).to(dtype)
-    rstd = torch.rsqrt(h.ssq.sum(1, keepdim=True) / k + 1e-6)
-    got_s, want_s = silu_mul(gu, inter, scale), silu_mul((gu.float() * rstd).to(dtype), inter)
-    if dtype == torch.float32:
-        torch.testing.assert_close(got_s, want_s, rtol=1e-6, atol=1e-6)
-    else:  # (1 / rms from sums of squares added in another order: a last-bit difference may round gate / up apart)
-        torch.testing.assert_close(got_s.float(), want_s.float(), rtol=1e-2, atol=1e-2)
-    assert torch.equal(
-        silu_mul(gu, inter, RowScale(torch.full((rows, 1), float(k)), 1e-30, k)), silu_mul(gu, inter)
-    )
-
-
 def test_fused_norm_rejects_bad_inputs(monkeypatch):
     import specserve.layers.triton_splitk as ts
     import specserve.models.llama as llama
@@ -123,21 +79,6 @@ def test_fused_norm_rejects_bad_inputs(monkeypatch):
         ts.splitk_partials(x, w, 4, "o", ts.NormIn(torch.zeros(2, 4), torch.ones(32), 1e-6))
     with pytest.raises(ValueError, match="ssq must be"):
         ts.splitk_partials(x, w, 4, "o", ts.NormIn(torch.zeros(3, 4), torch.ones(64), 1e-6))
-    with pytest.raises(ValueError, match="RowScale: ssq"):
-        ts.splitk_partials(x, w, 4, "o", scale=ts.RowScale(torch.zeros(3, 4), 1e-6, 64))
-    with pytest.raises(ValueError, match="RowScale and a NormIn"):
-        ts.splitk_partials(
-            x,
-            w,
-            4,
-            "o",
-            ts.NormIn(torch.zeros(2, 4), torch.ones(64), 1e-6),
-            ts.RowScale(torch.zeros(2, 4), 1e-6, 64),
-        )
-    from specserve.layers.triton_fused import silu_mul
-
-    with pytest.raises(ValueError, match="RowScale: width"):
-        silu_mul(torch.randn(2, 64), 32, ts.RowScale(torch.zeros(2, 4), 1e-6, 0))
     monkeypatch.setenv("SPECSERVE_FUSED_NORM", "yes")
     with pytest.raises(ValueError, match="SPECSERVE_FUSED_NORM must be 0, 1, 2 or auto"):
         llama.fused_norm_mode(1)
@@ -145,22 +86,6 @@ def test_fused_norm_rejects_bad_inputs(monkeypatch):
     assert [llama.fused_norm_mode(r) for r in (1, 2, 16)] == [1, 0, 0]
     monkeypatch.setenv("SPECSERVE_FUSED_NORM", "2")
     assert [llama.fused_norm_mode(r) for r in (1, 16)] == [2, 2]
-
-
-def _split_engine(monkeypatch, layout: str):  # type: ignore[no-untyped-def]
-    """The engine tests' settings: the Triton split-K GEMMs over ``layout`` weights with small tiles (the small
-    model's one-row six-kernel layer off, so its one-row steps take the split path too); (prompts, greedy params,
-    LLM kwargs)."""
-    from specserve import SamplingParams
-
-    monkeypatch.setenv("SPECSERVE_WEIGHT_LAYOUT", layout)
-    monkeypatch.setenv("SPECSERVE_TRITON_GEMM", "1")
-    monkeypatch.setenv("SPECSERVE_SPLIT_GEMM", "qkv=2,o=2,down=4")
-    monkeypatch.setenv("SPECSERVE_TRITON_GEMM_TILES", ENGINE_TILES)
-    monkeypatch.setenv("SPECSERVE_TRITON_GEMV", "0")
-    sp = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
-    kw = dict(dtype="float32", device="cpu", num_gpu_blocks=64, attention_backend="triton")
-    return ["The capital of France is", "def f(x):"], sp, kw
 
 
 # mode 1 (the default's, at one row): the add epilogues with rms_norm kernels, with DFlash; 2: and the norm prologues
@@ -175,7 +100,15 @@ def test_engine_tokens_unchanged_with_fused_norm(tiny2_qwen3_dir, tmp_path, layo
     import specserve.layers.triton_splitk as ts
     from specserve import LLM, SamplingParams
 
-    prompts, sp, kw = _split_engine(monkeypatch, layout)
+    monkeypatch.setenv("SPECSERVE_WEIGHT_LAYOUT", layout)
+    monkeypatch.setenv("SPECSERVE_TRITON_GEMM", "1")
+    monkeypatch.setenv("SPECSERVE_SPLIT_GEMM", "qkv=2,o=2,down=4")
+    monkeypatch.setenv("SPECSERVE_TRITON_GEMM_TILES", ENGINE_TILES)
+    # small models' one-row six-kernel layer off: their one-row steps take the split path too
+    monkeypatch.setenv("SPECSERVE_TRITON_GEMV", "0")
+    prompts = ["The capital of France is", "def f(x):"]
+    sp = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    kw = dict(dtype="float32", device="cpu", num_gpu_blocks=64, attention_backend="triton")
     adds: list[int] = []
     norms: list[int] = []
     real_add, real_norm = ts.splitk_add, tf._launch_rms_norm
@@ -213,68 +146,6 @@ def test_engine_tokens_unchanged_with_fused_norm(tiny2_qwen3_dir, tmp_path, layo
         assert outs["1b1"] == outs["0b1"] and outs["1spec"] == outs["0"]
 
 
-def test_engine_tokens_unchanged_with_folded_norms(tiny2_qwen3_dir, tmp_path, monkeypatch):
-    """``SPECSERVE_FOLD_NORMS=1`` (norm weights random, folded into qkv / gate_up at load; fused-norm mode 3 at
-    one-row steps): float32 greedy tokens of plain decoding at 1 and 2 rows and of DFlash K=4 equal the unfolded
-    engine's (mode 0), a one-row step launches no ``rms_norm`` but the first layer's and the final one (its
-    ``silu_mul`` scales the gate_up rows by their 1 / rms), and the folded weights are W * w over the inputs."""
-    from drafters import edit_target, make_dflash
-
-    import specserve.layers.triton_fused as tf
-    from specserve import LLM, SamplingParams
-
-    mc = json.loads((Path(tiny2_qwen3_dir) / "config.json").read_text())
-    n = mc["num_hidden_layers"]
-
-    def edit(w):  # type: ignore[no-untyped-def]
-        g = torch.Generator().manual_seed(5)
-        for key in w:
-            if key.endswith(("input_layernorm.weight", "post_attention_layernorm.weight")):
-                w[key] = (0.5 + torch.rand(w[key].shape, generator=g)).to(w[key].dtype)
-
-    target = edit_target(tiny2_qwen3_dir, tmp_path / "t", edit)
-    prompts, sp, kw = _split_engine(monkeypatch, "kn")
-    dflash = make_dflash(tmp_path / "d", mc["hidden_size"], n, mc["vocab_size"], layer_ids=[0, 1])
-    spec = {"method": "dflash", "model": dflash, "num_speculative_tokens": 4}
-    norms: list[int] = []
-    silus: list[int] = []
-    real_norm, real_silu = tf._launch_rms_norm, tf.silu_mul
-    monkeypatch.setattr(tf, "_launch_rms_norm", lambda x, *a, **k: norms.append(1) or real_norm(x, *a, **k))
-    # each silu_mul launch: whether it scaled its rows (a RowScale argument)
-    monkeypatch.setattr(
-        tf, "silu_mul", lambda x, *a, **k: silus.append(len(a) > 1 or "scale" in k) or real_silu(x, *a, **k)
-    )
-    outs = {}
-    for fold in ("0", "1"):
-        monkeypatch.setenv("SPECSERVE_FOLD_NORMS", fold)
-        monkeypatch.setenv("SPECSERVE_FUSED_NORM", "0" if fold == "0" else "auto")
-        llm = LLM(target, **kw)
-        model = llm.engine.runner.model
-        assert model.norms_folded == (fold == "1")
-        outs[fold] = [o.outputs[0].token_ids for o in llm.generate(prompts, sp)]
-        outs[fold + "b1"] = llm.generate(prompts[:1], sp)[0].outputs[0].token_ids
-        if fold == "1":
-            layer = model.layers[0]
-            assert torch.equal(layer.input_layernorm.weight, torch.ones_like(layer.input_layernorm.weight))
-            outs["weights"] = layer.self_attn.qkv_proj.weight_t.clone()
-            norms.clear()
-            silus.clear()
-            llm.generate(prompts[:1], SamplingParams(temperature=0, max_tokens=2, ignore_eos=True))
-            # the prefill (mode 0: two norms a layer + the final; the Triton gate_up + SiLU-mul) + one one-row decode
-            # step: the first layer's input norm, the final one, a SiLU-mul of the scaled gate_up rows a layer
-            # (mode 1: 2n + 1 norms and unscaled SiLU-muls there)
-            assert len(norms) == (2 * n + 1) + 2 and silus == [True] * n
-            llm = LLM(target, speculative_config=spec, **kw)
-            outs["spec"] = [o.outputs[0].token_ids for o in llm.generate(prompts, sp)]
-            assert llm.get_metrics()["spec_decode_num_drafts"] > 0
-        else:
-            layer = model.layers[0]
-            w_ln = layer.input_layernorm.weight
-            outs["expected"] = layer.self_attn.qkv_proj.weight_t * w_ln[:, None]
-    assert outs["1"] == outs["0"] and outs["1b1"] == outs["0b1"] and outs["spec"] == outs["0"]
-    torch.testing.assert_close(outs["weights"], outs["expected"], rtol=1e-6, atol=1e-7)
-
-
 _HOPPER_SCRIPT = r"""
 import specserve.layers.triton_splitk as ts
 from specserve.layers.triton_fused import _BF16
@@ -305,19 +176,6 @@ for name, cls, n, k, s, norm, add in [
     assert "griddepcontrol.wait" in ptx
     assert ("atom" in ptx) == (add and s > 1), name  # the arrival counter
     assert ("bar.sync" in ptx) or not (norm or add)
-# SPECSERVE_FOLD_NORMS' one-row qkv, scaling its partials by 1 / rms
-for name, n, k, extra in [
-    ("qkv", 6144, 4096, dict(ROW_SCALE=True, EPI_ADD=False, K_TOTAL=4096)),
-]:
-    t = ts.tile_for(name, 1, "kn")
-    const = dict(N=n, K_SPLIT=k // 8, BLOCK_M=1, BLOCK_N=t.block_n, BLOCK_K=t.block_k, PRE_K=t.pre,
-                 NUM_STAGES=t.stages, USE_DOT=False, PRECISION="tf32", UPCAST=False, GATE_UP=False, MODE=_BF16,
-                 PDL=True, NORM_IN=False, NB_IN=32, NB_IN_BLOCK=32, SPLITS=8, PRO_K=16, stride_wn=1, **extra)
-    kernel, reg, stack = compile_sm90(ts._splitk_gemm_kernel, ptrs, const, t.warps, t.stages)
-    print(name, "folded", f"REG:{reg} STACK:{stack}")
-    assert stack == 0, name
-    ptx = kernel.asm["ptx"]
-    assert "rsqrt" in ptx and "griddepcontrol.wait" in ptx
 print("OK")
 """
 

@@ -23,7 +23,6 @@ host syncs and take grids from static shapes only, so they are CUDA-graph captur
 from __future__ import annotations
 
 import os
-from typing import NamedTuple
 
 import torch
 import triton
@@ -578,16 +577,9 @@ def _silu_mul_kernel(
     stride_x,
     stride_o,
     n_cols,
-    ssq_ptr,
-    stride_q,
-    eps,
     BLOCK: tl.constexpr,
     MODE: tl.constexpr,
     PDL: tl.constexpr,
-    SCALE: tl.constexpr = False,
-    NB: tl.constexpr = 1,
-    NB_BLOCK: tl.constexpr = 1,
-    WIDTH: tl.constexpr = 1,
 ):
     _pdl_wait(PDL)
     row = tl.program_id(0).to(tl.int64)
@@ -595,70 +587,31 @@ def _silu_mul_kernel(
     mask = cols < n_cols
     g = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
     u = tl.load(x_ptr + row * stride_x + n_cols + cols, mask=mask, other=0.0).to(tl.float32)
-    # SCALE: gate / up of the normalised row (its norm's weight folded into gate_up's): times the row's 1 / rms
-    if SCALE:
-        offs_b = tl.arange(0, NB_BLOCK)
-        parts = tl.load(ssq_ptr + row * stride_q + offs_b, mask=offs_b < NB, other=0.0)
-        rstd = tl.math.rsqrt(tl.sum(parts, 0) / WIDTH + eps)
-        g = _round(g * rstd, MODE)
-        u = _round(u * rstd, MODE)
     s = _round(g / (1.0 + tl.exp(-g)), MODE)  # F.silu in the model dtype
     tl.store(out_ptr + row * stride_o + cols, _round(s * u, MODE).to(out_ptr.dtype.element_ty), mask=mask)
 
 
-class RowScale(NamedTuple):
-    """Scale rows by 1 / rms of the rows a GEMM's input came from (``SPECSERVE_FOLD_NORMS``: the RMSNorm's weight
-    folded into the next GEMM's, which then reads the residual stream itself): ``ssq`` [M, NB] fp32, the per-block
-    sums of squares :func:`~specserve.layers.triton_splitk.splitk_add` wrote beside those rows, ``width`` their
-    length, ``eps`` the norm's."""
-
-    ssq: torch.Tensor
-    eps: float
-    width: int
-
-
-def check_row_scale(rows: int, scale: RowScale | None) -> None:
-    if scale is None:
-        return
-    ssq = scale.ssq
-    if ssq.dim() != 2 or ssq.shape[0] != rows or ssq.dtype != torch.float32 or ssq.stride(1) != 1:
-        raise ValueError(f"RowScale: ssq must be fp32 [{rows}, NB], rows contiguous; got {tuple(ssq.shape)}")
-    if scale.width < 1:
-        raise ValueError(f"RowScale: width must be positive, got {scale.width}")
-
-
-def silu_mul(gate_up: torch.Tensor, intermediate: int, scale: RowScale | None = None) -> torch.Tensor:
-    """``F.silu(gate) * up`` for ``gate, up = gate_up.split(intermediate, -1)``; gate_up [T, 2I] -> [T, I].
-    ``scale``: of ``round(gate * r)`` and ``round(up * r)`` with r each row's 1 / rms (:class:`RowScale`: gate_up
-    read the rows themselves, their norm's weight folded into its own)."""
+def silu_mul(gate_up: torch.Tensor, intermediate: int) -> torch.Tensor:
+    """``F.silu(gate) * up`` for ``gate, up = gate_up.split(intermediate, -1)``; gate_up [T, 2I] -> [T, I]."""
     if gate_up.dim() != 2 or gate_up.shape[1] != 2 * intermediate or gate_up.stride(1) != 1:
         raise ValueError(
             f"gate_up must be [T, {2 * intermediate}] with contiguous rows; got {tuple(gate_up.shape)}"
         )
-    check_row_scale(gate_up.shape[0], scale)
     t = gate_up.shape[0]
     out = torch.empty((t, intermediate), dtype=gate_up.dtype, device=gate_up.device)
     if t == 0:
         return out
     block = min(1024, triton.next_power_of_2(intermediate))
     pdl, pdl_kw = pdl_launch(gate_up.device, "silu")
-    nb = scale.ssq.shape[1] if scale is not None else 1
     _silu_mul_kernel[(t, triton.cdiv(intermediate, block))](
         gate_up,
         out,
         gate_up.stride(0),
         out.stride(0),
         intermediate,
-        scale.ssq if scale is not None else gate_up,
-        scale.ssq.stride(0) if scale is not None else 0,
-        float(scale.eps) if scale is not None else 0.0,
         BLOCK=block,
         MODE=_mode(gate_up.dtype),
         PDL=pdl,
-        SCALE=scale is not None,
-        NB=nb,
-        NB_BLOCK=triton.next_power_of_2(nb),
-        WIDTH=scale.width if scale is not None else 1,
         num_warps=4 if block >= 1024 else 2,
         **pdl_kw,
     )

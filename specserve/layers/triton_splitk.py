@@ -33,12 +33,6 @@ ends o_proj / down_proj with the residual add (the last program of each output b
 counter, sums the partials, adds the residual and writes the block's sums of squares), and a :class:`NormIn` prologue
 lets qkv / gate_up normalise their input from those sums. H200, Qwen3-8B shape: the epilogue saves ~1.5% of a one-row
 decode step (on by default there) and costs at 16 rows; the prologue measured slower (benchmarks/README.md).
-With the norms' weights folded into qkv / gate_up at load (session 38, ``SPECSERVE_FOLD_NORMS``, models/llama.py
-mode 3) no norm kernel is left between the layers of a one-row step: qkv reads the residual stream and scales its
-partials by each row's 1 / rms (:class:`RowScale`, from the epilogue's sums of squares), and ``silu_mul`` scales
-cuBLAS's gate_up rows by theirs: seven kernels a layer instead of nine (with the attention and its split merge).
-The SiLU-mul inside down_proj's K loop instead measured slower (session 38: the one-row tile broadcasts each input
-value to every thread, so every thread computed the whole SiLU: an 8B-shaped step 5.85 -> 7.85 ms on an H100).
 
 Weights: a large target's transposed [K, N] ``weight_t`` (TransposedLinear), or a small target's nn.Linear weight
 passed as the view ``weight.t()`` (K contiguous; :func:`layout_of`, own default tiles). Small targets run their
@@ -69,7 +63,7 @@ import torch
 import triton
 import triton.language as tl
 
-from specserve.layers.triton_fused import RowScale, _mode, _pdl_wait, _round, check_row_scale, pdl_launch
+from specserve.layers.triton_fused import _mode, _pdl_wait, _round, pdl_launch
 
 __all__ = [
     "GemmTile",
@@ -77,7 +71,6 @@ __all__ = [
     "gate_up_min_rows",
     "AddOut",
     "NormIn",
-    "RowScale",
     "gate_up_silu",
     "layout_of",
     "splitk_add",
@@ -333,15 +326,6 @@ def _finish_add(x, res_ptr, res_out_ptr, ssq_out_ptr, offs_m, mask_m, offs_n, pi
 
 
 @triton.jit
-def _scale_of(ssq_ptr, offs_m, mask_m, stride_qm, eps, K_TOTAL: tl.constexpr, NB_IN: tl.constexpr,
-              NB_IN_BLOCK: tl.constexpr, ON: tl.constexpr):  # fmt: skip
-    """The rows' 1 / rms (:func:`_rstd`) where ON, else ones (not used)."""
-    if ON:
-        return _rstd(ssq_ptr, offs_m, mask_m, stride_qm, eps, K_TOTAL, NB_IN, NB_IN_BLOCK)
-    return tl.full(offs_m.shape, 1.0, tl.float32)
-
-
-@triton.jit
 def _finish_gate_up(acc, acc_u, out_ptr, offs_m, mask_m, offs_n, stride_om, MODE: tl.constexpr):
     """The gate / up GEMM outputs in the model dtype, then F.silu(gate) * up as ``silu_mul`` rounds it."""
     g = _round(acc, MODE)
@@ -399,16 +383,13 @@ def _splitk_gemm_kernel(
     NB_IN_BLOCK: tl.constexpr = 1,
     EPI_ADD: tl.constexpr = False,
     SPLITS: tl.constexpr = 1,
-    ROW_SCALE: tl.constexpr = False,
 ):
     """Program (n block, k split): acc = x[:, slice] @ w[slice, n block]. GATE_UP: w holds [gate | up] (2N columns)
     and the program also accumulates the up columns, storing round(silu(round(g)) * round(u)) (with SPLITS > 1:
     the last program of the N block to arrive does, from the fp32 partials in ``part``); else acc is stored as fp32
     partial ``pid_s``. NORM_IN: x is the residual stream and the GEMM's input its RMSNorm
     (:func:`_norm_prologue`, written to ``scratch`` first); EPI_ADD: the last program of each N block also stores
-    residual + the product and its per-row sums of squares (:func:`_add_epilogue`). ROW_SCALE: each stored partial
-    is scaled by its row's 1 / rms (``ssq``: the block sums of squares of the row, ``K_TOTAL`` wide: the RMSNorm of
-    a norm whose weight is folded into w, :class:`RowScale`)."""
+    residual + the product and its per-row sums of squares (:func:`_add_epilogue`)."""
     pid_n = tl.program_id(0)
     pid_s = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -431,7 +412,6 @@ def _splitk_gemm_kernel(
         if NORM_IN:
             _norm_prologue(x_ptr, scratch_ptr, ssq_ptr, norm_ptr, eps, offs_m, mask_m, k_begin, stride_xm,
                            stride_sm, stride_qm, K_SPLIT, K_TOTAL, NB_IN, NB_IN_BLOCK, PRO_K, MODE)  # fmt: skip
-        rs = _scale_of(ssq_ptr, offs_m, mask_m, stride_qm, eps, K_TOTAL, NB_IN, NB_IN_BLOCK, ROW_SCALE)
         xp = tl.load(x_rows + offs_p[None, :], mask=mask_m[:, None], other=0.0)
         acc = _mac(acc, xp, wp, USE_DOT, PRECISION, UPCAST)
         if GATE_UP:
@@ -441,7 +421,6 @@ def _splitk_gemm_kernel(
         if NORM_IN:
             _norm_prologue(x_ptr, scratch_ptr, ssq_ptr, norm_ptr, eps, offs_m, mask_m, k_begin, stride_xm,
                            stride_sm, stride_qm, K_SPLIT, K_TOTAL, NB_IN, NB_IN_BLOCK, PRO_K, MODE)  # fmt: skip
-        rs = _scale_of(ssq_ptr, offs_m, mask_m, stride_qm, eps, K_TOTAL, NB_IN, NB_IN_BLOCK, ROW_SCALE)
     for k0 in tl.range(k_begin + PRE_K, k_begin + K_SPLIT, BLOCK_K, num_stages=NUM_STAGES):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         x = tl.load(x_rows + offs_k[None, :], mask=mask_m[:, None], other=0.0)
@@ -473,8 +452,6 @@ def _splitk_gemm_kernel(
                     )
                 _finish_gate_up(g, u, out_ptr, offs_m, mask_m, offs_n, stride_om, MODE)
     else:
-        if ROW_SCALE:
-            acc = acc * rs[:, None]
         o_ptrs = out_ptr + pid_s * stride_os + offs_m[:, None] * stride_om + offs_n[None, :]
         tl.store(o_ptrs, acc, mask=mask_m[:, None])
         if EPI_ADD:
@@ -510,11 +487,9 @@ def _launch(
     gate_up: bool,
     norm: NormIn | None = None,
     add: tuple[torch.Tensor, AddOut] | None = None,
-    scale: RowScale | None = None,
 ) -> None:
     """``norm``: the RMSNorm prologue; ``add``: (residual, outputs) of the residual-add epilogue; ``gate_up`` with
-    ``splits`` > 1: the SiLU-mul after the last program of each N block sums the partials; ``scale``: the output
-    rows times their input rows' 1 / rms."""
+    ``splits`` > 1: the SiLU-mul after the last program of each N block sums the partials."""
     m, k = x.shape
     if not _tile_fits(k, n, splits, tile):
         raise ValueError(
@@ -529,8 +504,6 @@ def _launch(
         ssq, norm_w, eps, nb_in = norm.ssq, norm.weight, float(norm.eps), norm.ssq.shape[1]
         scratch = torch.empty_like(x, memory_format=torch.contiguous_format)
         stride_sm, stride_qm = scratch.stride(0), ssq.stride(0)
-    if scale is not None:
-        ssq, eps, nb_in, stride_qm = scale.ssq, float(scale.eps), scale.ssq.shape[1], scale.ssq.stride(0)
     if add is not None:
         res, outs = add
         res_out, ssq_out = outs
@@ -583,12 +556,11 @@ def _launch(
         PDL=pdl,
         NORM_IN=norm is not None,
         PRO_K=_prologue_chunk(k_split, 4096 // (16 if use_dot else 1)),
-        K_TOTAL=scale.width if scale is not None else k,
+        K_TOTAL=k,
         NB_IN=nb_in,
         NB_IN_BLOCK=triton.next_power_of_2(nb_in),
         EPI_ADD=add is not None,
         SPLITS=splits,
-        ROW_SCALE=scale is not None,
         num_warps=tile.warps,
         **pdl_kw,
     )
@@ -661,32 +633,19 @@ def _check_norm(x: torch.Tensor, norm: NormIn | None) -> None:
         raise ValueError("RMSNorm prologue: rows and ssq must be contiguous in their last dimension")
 
 
-def _check_scale(x: torch.Tensor, scale: RowScale | None, norm: NormIn | None = None) -> None:
-    if scale is not None and norm is not None:
-        raise ValueError("Triton GEMM: a RowScale and a NormIn prologue together are not supported")
-    check_row_scale(x.shape[0], scale)
-
-
 def splitk_partials(
-    x: torch.Tensor,
-    weight_t: torch.Tensor,
-    splits: int,
-    name: str,
-    norm: NormIn | None = None,
-    scale: RowScale | None = None,
+    x: torch.Tensor, weight_t: torch.Tensor, splits: int, name: str, norm: NormIn | None = None
 ) -> torch.Tensor:
     """``x`` [M, K] @ ``weight_t`` [K, N] as ``splits`` fp32 partials [S, M, N] over equal K slices (their sum,
     rounded to x's dtype, is the product up to the accumulation order); ``name`` picks the tile (:func:`tile_for`,
     by the weight's layout: a TransposedLinear's ``weight_t`` or an nn.Linear's ``weight.t()``). ``norm``: x is the
-    residual stream and the product is RMSNorm(x) @ W (:class:`NormIn`); ``scale``: each partial row times the
-    1 / rms of x's row (:class:`RowScale`: RMSNorm(x) @ W for a norm whose weight is folded into W)."""
+    residual stream and the product is RMSNorm(x) @ W (:class:`NormIn`)."""
     _check(x, weight_t)
     _check_norm(x, norm)
-    _check_scale(x, scale, norm)
     n = weight_t.shape[1]
     out = torch.empty((splits, x.shape[0], n), dtype=torch.float32, device=x.device)
     tile = tile_for(name, x.shape[0], layout_of(weight_t), x.device, (x.shape[1], n, splits))
-    _launch(x, weight_t, out, n, splits, tile, False, norm, scale=scale)
+    _launch(x, weight_t, out, n, splits, tile, False, norm)
     return out
 
 

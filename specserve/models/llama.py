@@ -227,10 +227,8 @@ def run_layers_fused(
     tap_indices: Iterable[int] = (),
     split_gemm: dict[str, int] | None = None,
     triton_gemm: bool = False,
-    folded: bool = False,
 ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
-    """The decoder stack plus final norm on the fused kernels: returns (norm(output), taps). ``folded``: the
-    layers' norm weights live in qkv / gate_up (:meth:`DecoderLM.fold_norm_weights`).
+    """The decoder stack plus final norm on the fused kernels: returns (norm(output), taps).
 
     ``split_gemm`` (``{"qkv": S, "o": S, "down": S}``, transposed weights): steps of at most ``SPLIT_MAX_ROWS`` rows run
     those projections as split-K partials summed by the add + RMSNorm after them (:func:`_layer_fused_split`);
@@ -244,7 +242,7 @@ def run_layers_fused(
     taps: dict[int, torch.Tensor] = {}
     run_layer = _layer_gemv if _gemv_path(layers, h) else _layer_fused
     if split_gemm and triton_gemm and run_layer is _layer_fused and h.shape[0] <= SPLIT_MAX_ROWS:
-        mode = _fused_norm_mode_for(layers, split_gemm, h, folded)
+        mode = _fused_norm_mode_for(layers, split_gemm, h)
         if mode:
             return _run_layers_fused_norm(
                 layers, h, positions, meta, caches, backend, norm, want, split_gemm, mode
@@ -275,51 +273,25 @@ LayerOut = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 FUSED_NORM_ENV = "SPECSERVE_FUSED_NORM"
 
 
-FOLD_NORMS_ENV = "SPECSERVE_FOLD_NORMS"
-
-
-def fold_norms_wanted(model: DecoderLM, layout: str, device: torch.device) -> bool:
-    """Whether the runner folds the layers' RMSNorm weights into the GEMMs after them (``SPECSERVE_FOLD_NORMS``:
-    ``auto`` for a target on the Triton split-K GEMMs with [K, N] weights on CUDA, i.e. a large target's one-row
-    decode step on fused-norm mode 3; ``1`` wherever those GEMMs run (the CPU tests); ``0`` (default, until a GPU
-    run measures it) never)."""
-    v = os.environ.get(FOLD_NORMS_ENV, "").strip() or "0"
-    if v not in ("0", "1", "auto"):
-        raise ValueError(f"{FOLD_NORMS_ENV} must be 0, 1 or auto, got {v!r}")
-    if v == "0" or not model.triton_gemm or not model.split_gemm or not len(model.layers):
-        return False
-    return v == "1" or (layout == "kn" and device.type == "cuda")
-
-
-def fused_norm_mode(rows: int, folded: bool = False) -> int:
+def fused_norm_mode(rows: int) -> int:
     """How a Triton split-K step of ``rows`` rows folds the add + RMSNorms into the GEMMs (``SPECSERVE_FUSED_NORM``,
     read per forward, i.e. per graph capture): 0 not at all; 1 o_proj and down_proj end with the residual add
     (``splitk_add``) and the norms are ``rms_norm`` kernels on the finished rows; 2 as 1, and qkv (and the Triton
     gate_up + SiLU-mul) start with the norm computed from the epilogue's sums of squares (``NormIn``); ``auto``
     (default) 1 for one-row steps, else 0. H200, Qwen3-8B shape (session 19, benchmarks/README.md): mode 1 a batch-1
     decode step 4.439 -> 4.374 ms, 4 rows 4.400 -> 4.544, the 16-row DFlash K=15 step 5.819 -> 6.055; mode 2 slower
-    everywhere (the prologue's L2 round trip before the weight stream). ``folded`` (the layers' norm weights folded
-    into qkv / gate_up: :meth:`DecoderLM.fold_norm_weights`): ``auto`` gives 3 at one-row steps, no norm kernels
-    between the layers (qkv's partials and the SiLU-mul's gate / up rows scaled by 1 / rms). See
-    :func:`_run_layers_fused_norm`."""
+    everywhere (the prologue's L2 round trip before the weight stream). See :func:`_run_layers_fused_norm`."""
     v = os.environ.get(FUSED_NORM_ENV, "").strip() or "auto"
     if v not in ("0", "1", "2", "auto"):
         raise ValueError(f"{FUSED_NORM_ENV} must be 0, 1, 2 or auto, got {v!r}")
     if v == "auto":
-        return (3 if folded else 1) if rows == 1 else 0
+        return 1 if rows == 1 else 0
     return int(v)
 
 
-def _fused_norm_mode_for(
-    layers: nn.ModuleList, splits: dict[str, int], h: torch.Tensor, folded: bool = False
-) -> int:
-    """:func:`fused_norm_mode` for this step, 0 where the layers do not fit the fused-norm path (mode 3 with a
-    Triton gate_up + SiLU-mul at this row count: 1)."""
-    from specserve.layers.triton_splitk import gate_up_min_rows
-
-    mode = fused_norm_mode(h.shape[0], folded)
-    if mode == 3 and h.shape[0] >= gate_up_min_rows():
-        mode = 1
+def _fused_norm_mode_for(layers: nn.ModuleList, splits: dict[str, int], h: torch.Tensor) -> int:
+    """:func:`fused_norm_mode` for this step, 0 where the layers do not fit the fused-norm path."""
+    mode = fused_norm_mode(h.shape[0])
     if not mode or not len(layers) or not {"qkv", "o", "down"} <= splits.keys():
         return 0
     layer = cast(DecoderLayer, layers[0])
@@ -351,16 +323,8 @@ def _run_layers_fused_norm(
     reads fp32 partials and the residual stream is finished when the GEMM ends. Mode 1: the RMSNorms are
     ``rms_norm`` kernels on those rows; mode 2: qkv (and the Triton gate_up + SiLU-mul, from ``gate_up_min_rows``)
     compute the norm in their prologue from the sums of squares (``NormIn``; the first layer's input norm stays a
-    kernel). Same rounding points as the other paths; the norms' sums of squares add in another order (fp32).
-
-    Mode 3 (one-row steps of a model whose norm weights are folded into qkv / gate_up, ``SPECSERVE_FOLD_NORMS``):
-    seven kernels a layer (qkv, attention, its split merge, o, gate_up, SiLU-mul, down; mode 1: nine). qkv reads
-    the residual stream itself and scales its partials by each row's 1 / rms
-    (:class:`~specserve.layers.triton_fused.RowScale`, from the sums of squares of the GEMM before), cuBLAS's gate_up
-    reads the rows after attention, and ``silu_mul`` computes ``silu(r * gate) * (r * up)``: no ``rms_norm`` kernels
-    but the first layer's input norm and the final one. The normalised row is not rounded to the model dtype before
-    the GEMM (the product is scaled instead)."""
-    from specserve.layers.triton_fused import RowScale, rms_norm, silu_mul
+    kernel). Same rounding points as the other paths; the norms' sums of squares add in another order (fp32)."""
+    from specserve.layers.triton_fused import rms_norm, silu_mul
     from specserve.layers.triton_splitk import (
         NormIn,
         gate_up_min_rows,
@@ -369,7 +333,7 @@ def _run_layers_fused_norm(
         splitk_partials,
     )
 
-    prologue, folded = mode == 2, mode == 3
+    prologue = mode == 2
     triton_gate_up = h.shape[0] >= gate_up_min_rows()
     gate_up_splits = splits.get("gate_up", 1)
     taps: dict[int, torch.Tensor] = {}
@@ -383,17 +347,11 @@ def _run_layers_fused_norm(
         w_qkv = _kn_weight(attn.qkv_proj)
         if prologue and ssq is not None:
             parts = splitk_partials(entering, w_qkv, splits["qkv"], "qkv", NormIn(ssq, ln.weight, ln.eps))
-        elif folded and ssq is not None:
-            scale = RowScale(ssq, ln.eps, entering.shape[1])
-            parts = splitk_partials(entering, w_qkv, splits["qkv"], "qkv", scale=scale)
-        else:  # (the embeddings have no sums of squares; folded: the norm's weight is ones)
+        else:  # (the embeddings have no sums of squares)
             parts = splitk_partials(rms_norm(entering, ln.weight, ln.eps), w_qkv, splits["qkv"], "qkv")
         a = attn.rope_attend(_output_like(h, parts), positions, meta, caches[i], backend, partials=parts)
         after_attn, ssq = splitk_add(a, _kn_weight(attn.o_proj), splits["o"], "o", entering)
-        if folded:  # cuBLAS's gate_up on the rows themselves, scaled by their 1 / rms in the SiLU-mul
-            scale = RowScale(ssq, pn.eps, after_attn.shape[1])
-            s = silu_mul(mlp.gate_up_proj(after_attn), mlp.intermediate, scale)
-        elif prologue and triton_gate_up:
+        if prologue and triton_gate_up:
             nin = NormIn(ssq, pn.weight, pn.eps)
             s = gate_up_silu(after_attn, _kn_weight(mlp.gate_up_proj), mlp.intermediate, nin, gate_up_splits)
         elif triton_gate_up:
@@ -572,8 +530,6 @@ class DecoderLM(nn.Module):
         self.split_gemm: dict[str, int] = {}
         # those GEMMs as Triton kernels (layers/triton_splitk.py), set by the runner where the tiles fit
         self.triton_gemm = False
-        # the layers' RMSNorm weights live in qkv_proj / gate_up_proj (fold_norm_weights)
-        self.norms_folded = False
 
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttnMetadata
@@ -594,7 +550,6 @@ class DecoderLM(nn.Module):
                 want,
                 self.split_gemm,
                 self.triton_gemm,
-                self.norms_folded,
             )
             return out, (torch.cat([by_index[j] for j in want], dim=-1) if want else None)
         taps: list[torch.Tensor] = []
@@ -609,29 +564,6 @@ class DecoderLM(nn.Module):
             order = sorted(want)
             aux = torch.cat([taps[order.index(j)] for j in want], dim=-1)
         return self.norm(h), aux
-
-    @torch.no_grad()
-    def fold_norm_weights(self) -> None:
-        """Fold each layer's input / post-attention RMSNorm weight into the GEMM after it: ``W[:, k] *= w[k]`` for
-        qkv_proj and gate_up_proj (in fp32, rounded once to the weights' dtype), the norm weights set to ones. Every
-        path computes the same model (RMSNorm(x) @ W.T = (x * r) @ (W * w).T); the one-row fused step then needs no
-        norm kernels between the layers (:func:`fused_norm_mode` 3). Idempotent."""
-        if self.norms_folded:
-            return
-        for mod in self.layers:
-            layer = cast(DecoderLayer, mod)
-            for nrm, lin in (
-                (layer.input_layernorm, layer.self_attn.qkv_proj),
-                (layer.post_attention_layernorm, layer.mlp.gate_up_proj),
-            ):
-                # [K, N]: a view of nn.Linear's weight, or a TransposedLinear's weight_t
-                wt = _kn_weight(lin)
-                w = nrm.weight.float()
-                for c in range(0, wt.shape[1], 4096):  # bounded fp32 temporaries
-                    part = wt[:, c : c + 4096]
-                    part.copy_((part.float() * w[:, None]).to(wt.dtype))
-                nrm.weight.fill_(1.0)
-        self.norms_folded = True
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits over ``hidden``'s last dim. Leading dims are flattened first: a strided [b, q, H] view (the

@@ -211,10 +211,6 @@ class ModelRunner:
             )
             if not self.model.triton_gemm:  # cuBLAS's splits (none on nn.Linear's layout)
                 self.model.split_gemm = split_gemm_config(device, self.weight_layout, False)
-        from specserve.models.llama import fold_norms_wanted
-
-        if fold_norms_wanted(self.model, self.weight_layout, device):  # no norm kernels in one-row steps
-            self.model.fold_norm_weights()
         self.proposer: Proposer | None = None
         if spec is not None:
             from specserve.spec import build_proposer
