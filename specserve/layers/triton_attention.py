@@ -264,6 +264,7 @@ def _paged_attn_kernel(
     stride_cos,
     stride_sin,
     eps,
+    signal_ptr,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     GROUP: tl.constexpr,
@@ -285,11 +286,15 @@ def _paged_attn_kernel(
     QK_NORM: tl.constexpr = False,
     MODE: tl.constexpr = 0,
     NSPLIT: tl.constexpr = 0,
+    SIGNAL: tl.constexpr = False,
 ):
     _pdl_wait(PDL)
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     pid2 = tl.program_id(2)
+    if SIGNAL:  # the predecessor (the qkv GEMM) has finished: tell the L2 prefetcher (layers/l2_prefetch.py)
+        if (b == 0) & (kvh == 0) & (pid2 == 0):
+            tl.store(signal_ptr, 1)
     q_tile = pid2 // NUM_SPLITS
     split = pid2 % NUM_SPLITS
 
@@ -697,6 +702,8 @@ class RopeStoreInputs(NamedTuple):
     k_norm_weight: torch.Tensor | None
     eps: float
     slot_mapping: torch.Tensor  # [T], -1 writes nothing
+    # a one-element int32 tensor set to 1 once the kernel has waited for its predecessor (layers/l2_prefetch.py)
+    signal: torch.Tensor | None = None
 
 
 def paged_attention(
@@ -787,6 +794,8 @@ def rope_store_paged_attention(
             rope.qkv, rope.positions, rope.cos, rope.sin, rope.q_norm_weight, rope.k_norm_weight, rope.eps,
             k_cache, v_cache, rope.slot_mapping, num_heads, hk, d, rope.partials,
         )  # fmt: skip
+        if rope.signal is not None:
+            rope.signal.fill_(1)
         return paged_attention(
             q, k_cache, v_cache, query_start_loc, seq_lens, block_tables, causal=causal,
             sliding_window=sliding_window, scale=scale, max_query_len=max_query_len, max_seq_len=max_seq_len,
@@ -912,7 +921,7 @@ def _attention(
     if rope is None:
         assert q is not None
         q_arg, q_strides = q, (q.stride(0), q.stride(1))
-        rope_args: tuple = (out, seq_lens, out, out, out, out, seq_lens, 0, 0, 0, 0, 0.0)  # unused
+        rope_args: tuple = (out, seq_lens, out, out, out, out, seq_lens, 0, 0, 0, 0, 0.0, seq_lens)  # unused
         rope_const: dict = {}
     else:
         src = rope.partials if rope.partials is not None else rope.qkv
@@ -924,9 +933,11 @@ def _attention(
             rope.slot_mapping, src.stride(-2), src.stride(0) if rope.partials is not None else 0,
             rope.cos.stride(0), rope.sin.stride(0), float(rope.eps),
         )  # fmt: skip
+        rope_args += (rope.signal if rope.signal is not None else seq_lens,)  # seq_lens: unused
         rope_const = dict(
             ROPE=True, NUM_HEADS=h, NUM_KV_HEADS=hk, R_PAD=max(2, triton.next_power_of_2(cfg.queries_per_tile)),
             QK_NORM=qk_norm, MODE=_mode(dtype), NSPLIT=rope.partials.shape[0] if rope.partials is not None else 0,
+            SIGNAL=rope.signal is not None,
         )  # fmt: skip
 
     grid = (b, hk, q_tiles * num_splits)

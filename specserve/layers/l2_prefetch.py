@@ -1,0 +1,235 @@
+"""A persistent L2 prefetcher beside a one-row decode step (issue #6, session 39; experimental, off by default).
+
+At a one-row decode step of a large target the DRAM idles while the small kernels between the GEMMs run: ~15 us a
+layer on the Qwen3-8B shape (session 34's profile: attention 7.9, the split merge 2.6, two RMSNorms 3.3, SiLU-mul
+1.6), which is what keeps the step above the weight-read floor. Reading an L2-resident o_proj weight is 1.6x faster
+than a cold one (session 34, ``benchmarks/l2_splitk.py``), but prefetching it from the attention's own programs put
+the prefetch on the step's critical path (session 34), and a prefetch kernel joined before each GEMM (session 12)
+cost the GEMM its programmatic launch. Here the prefetch runs off the critical path: one kernel, launched on a side
+stream at the start of the captured step (a branch of the CUDA graph, joined once after the last layer), walks a
+schedule of events; each event waits for a flag that a kernel of the main chain sets (the attention of layer i,
+right after its wait for the qkv GEMM), then issues ``prefetch.global.L2`` for a weight range (o_proj of layer i,
+and optionally the first rows of its gate_up). The main chain only gains one store per layer.
+
+``SPECSERVE_L2_PREFETCH`` (read per forward, i.e. per graph capture): empty or ``0`` off (default); otherwise
+``NAME=FRACTION`` items joined by ``,`` for NAME in ``o`` / ``gate_up`` / ``down`` (the first FRACTION of each of the
+GEMM's K slices, prefetched when layer i's attention starts, in the order given), plus optional ``ctas=N`` (programs of
+the prefetch kernel, default 16), ``policy=normal|last`` (``evict_last`` hint, default normal) and ``timeout_us=N``
+(how long one event waits for its flag before the prefetcher gives up for the step, default 20000) and
+``delay_us=X`` (a pause between the flag and the prefetch, default 0: the prefetch traffic then does not queue
+before the attention's own KV reads), e.g.
+``o=1,ctas=32``. Only CUDA graph captures of the fused-norm one-row path use it (eager steps run as before); a
+prefetch never changes what a kernel reads, so outputs are unchanged by construction.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+ENV = "SPECSERVE_L2_PREFETCH"
+NAMES = ("o", "gate_up", "down")
+LINE = 128  # bytes a line prefetch brings into L2
+
+
+@dataclass(frozen=True)
+class PrefetchConfig:
+    fractions: tuple[tuple[str, float], ...]  # (projection, fraction of each K slice), in issue order
+    ctas: int = 16
+    evict_last: bool = False
+    timeout_us: int = 20000
+    delay_ns: int = 0
+
+
+def parse_config(raw: str | None = None) -> PrefetchConfig | None:
+    """:data:`ENV` parsed; None when off. A bad value raises ValueError naming the variable."""
+    raw = (os.environ.get(ENV, "") if raw is None else raw).strip()
+    if raw in ("", "0"):
+        return None
+    fractions: list[tuple[str, float]] = []
+    ctas, evict_last, timeout_us, delay_ns = 16, False, 20000, 0
+    for item in raw.split(","):
+        key, sep, val = (s.strip() for s in item.partition("="))
+        try:
+            if not sep:
+                raise ValueError
+            if key in NAMES:
+                f = float(val)
+                if not 0.0 < f <= 1.0 or any(k == key for k, _ in fractions):
+                    raise ValueError
+                fractions.append((key, f))
+            elif key == "ctas":
+                ctas = int(val)
+                if not 1 <= ctas <= 1024:
+                    raise ValueError
+            elif key == "policy":
+                if val not in ("normal", "last"):
+                    raise ValueError
+                evict_last = val == "last"
+            elif key == "timeout_us":
+                timeout_us = int(val)
+                if not 1 <= timeout_us <= 10**6:
+                    raise ValueError
+            elif key == "delay_us":
+                delay_ns = round(float(val) * 1000)
+                if not 0 <= delay_ns <= 10**6:
+                    raise ValueError
+            else:
+                raise ValueError
+        except ValueError:
+            raise ValueError(
+                f"{ENV}: bad item {item.strip()!r}; expected NAME=FRACTION (NAME one of {', '.join(NAMES)}, 0 < "
+                "FRACTION <= 1, each once), ctas=1..1024, policy=normal|last, timeout_us=1..1000000 or delay_us=0..1000, joined by ','"
+            ) from None
+    if not fractions:
+        raise ValueError(f"{ENV}: {raw!r} names no projection to prefetch (o, gate_up, down)")
+    return PrefetchConfig(tuple(fractions), ctas, evict_last, timeout_us, delay_ns)
+
+
+@triton.jit
+def _globaltimer(dummy):
+    """The GPU's nanosecond clock (``%globaltimer``); ``dummy`` only gives the result its shape."""
+    return tl.inline_asm_elementwise(
+        "mov.u64 $0, %globaltimer;", "=l,r", [dummy], dtype=tl.int64, is_pure=False, pack=1
+    )
+
+
+@triton.jit
+def _prefetch_lines(addrs, valid, EVICT_LAST: tl.constexpr):
+    """One L2 line prefetch per element whose ``valid`` is nonzero."""
+    if EVICT_LAST:
+        return tl.inline_asm_elementwise(
+            """{
+            .reg .pred p;
+            setp.ne.s32 p, $2, 0;
+            @p prefetch.global.L2::evict_last [$1];
+            mov.u32 $0, 0;
+            }""",
+            "=r,l,r",
+            [addrs, valid],
+            dtype=tl.int32,
+            is_pure=False,
+            pack=1,
+        )
+    else:
+        return tl.inline_asm_elementwise(
+            """{
+            .reg .pred p;
+            setp.ne.s32 p, $2, 0;
+            @p prefetch.global.L2 [$1];
+            mov.u32 $0, 0;
+            }""",
+            "=r,l,r",
+            [addrs, valid],
+            dtype=tl.int32,
+            is_pure=False,
+            pack=1,
+        )
+
+
+@triton.jit
+def _prefetcher_kernel(
+    flags_ptr, ev_ptr, n_events, timeout_ns, delay_ns, LANES: tl.constexpr, EVICT_LAST: tl.constexpr
+):
+    """Event e of ``ev`` ([E, 5] int64: flag index, base address, slice stride, slices, bytes per slice): wait until
+    ``flags[flag]`` is nonzero (and ``delay_ns`` more), then prefetch ``bytes`` from the start of each slice, the
+    lines spread over the programs. Waiting longer than ``timeout_ns`` for one flag ends the step's prefetching (no event after it waits):
+    the kernel always ends even if a flag is never set."""
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    lanes = tl.arange(0, LANES)
+    alive = pid >= 0  # a scalar true
+    for e in range(n_events):
+        trig = tl.load(ev_ptr + e * 5)
+        base = tl.load(ev_ptr + e * 5 + 1)
+        stride = tl.load(ev_ptr + e * 5 + 2)
+        nslices = tl.load(ev_ptr + e * 5 + 3)
+        per = tl.load(ev_ptr + e * 5 + 4)
+        if alive:
+            t0 = _globaltimer(pid)
+            flag = tl.load(flags_ptr + trig, volatile=True)
+            waited = t0 - t0
+            while (flag == 0) & (waited < timeout_ns):
+                flag = tl.load(flags_ptr + trig, volatile=True)
+                waited = _globaltimer(pid) - t0
+            alive = flag != 0
+            if delay_ns > 0:
+                t1 = _globaltimer(pid)
+                while _globaltimer(pid) - t1 < delay_ns:
+                    pass
+        if alive:
+            lines = per // 128
+            total = lines * nslices
+            for c0 in range(pid * LANES, total, nprog * LANES):
+                c = c0 + lanes
+                s = c // lines
+                addr = base + s * stride + (c - s * lines) * 128
+                _prefetch_lines(addr, (c < total).to(tl.int32), EVICT_LAST)
+
+
+class L2Prefetcher:
+    """The schedule and launch state of one model's prefetcher (see the module docstring). Build it outside a
+    capture (its tensors are copied to the device); :meth:`start` and :meth:`join` bracket a captured step."""
+
+    def __init__(self, cfg: PrefetchConfig, weights: list[dict[str, tuple[torch.Tensor, int]]]) -> None:
+        """``weights[i][name]``: layer i's [K, N] weight of that projection and its split-K slice count."""
+        self.cfg = cfg
+        dev = next(iter(weights[0].values()))[0].device
+        rows: list[list[int]] = []
+        for i, layer in enumerate(weights):
+            for name, frac in cfg.fractions:
+                if name not in layer:
+                    continue
+                w, slices = layer[name]
+                if not w.is_contiguous():
+                    raise ValueError(f"{ENV}: layer {i}'s {name} weight is not contiguous")
+                nbytes = w.numel() * w.element_size()
+                stride = nbytes // max(slices, 1)
+                per = int(stride * frac) // LINE * LINE
+                if per > 0:
+                    rows.append([i, w.data_ptr(), stride, max(slices, 1), per])
+        self.n_layers = len(weights)
+        self.events = torch.tensor(rows or [[0, 0, 0, 0, 0]], dtype=torch.int64, device=dev)
+        self.n_events = len(rows)
+        self.flags = torch.zeros(self.n_layers, dtype=torch.int32, device=dev)
+        self.stream = torch.cuda.Stream(dev)
+        self.prefetched_bytes = sum(r[3] * r[4] for r in rows)
+
+    def flag(self, layer: int) -> torch.Tensor:
+        return self.flags[layer : layer + 1]
+
+    def start(self) -> None:
+        """Clear the flags and launch the prefetch kernel on the side stream (after the work queued so far)."""
+        cur = torch.cuda.current_stream(self.flags.device)
+        self.flags.zero_()
+        self.stream.wait_stream(cur)
+        with torch.cuda.stream(self.stream):
+            _prefetcher_kernel[(self.cfg.ctas,)](
+                self.flags,
+                self.events,
+                self.n_events,
+                self.cfg.timeout_us * 1000,
+                self.cfg.delay_ns,
+                LANES=512,
+                EVICT_LAST=self.cfg.evict_last,
+                num_warps=4,
+            )
+
+    def join(self) -> None:
+        torch.cuda.current_stream(self.flags.device).wait_stream(self.stream)
+
+
+def prefetcher_for(
+    owner: torch.nn.Module, cfg: PrefetchConfig, weights: list[dict[str, tuple[torch.Tensor, int]]]
+) -> L2Prefetcher:
+    """``owner``'s (a model's layer list) prefetcher under ``cfg``, built on first use and kept on the module (so it
+    lives and dies with the weights whose addresses it holds)."""
+    cache: dict[PrefetchConfig, L2Prefetcher] = owner.__dict__.setdefault("_l2_prefetchers", {})
+    pf = cache.get(cfg)
+    if pf is None:
+        pf = cache[cfg] = L2Prefetcher(cfg, weights)
+    return pf
