@@ -15,9 +15,9 @@ from specserve.layers import l2_prefetch as l2
 
 def test_parse_config() -> None:
     assert l2.parse_config("") is None and l2.parse_config("0") is None
-    cfg = l2.parse_config("o=1,gate_up=0.05, ctas=32,policy=last,timeout_us=500,delay_us=1.5")
-    assert cfg == l2.PrefetchConfig((("o", 1.0), ("gate_up", 0.05)), 32, True, 500, 1500)
-    assert l2.parse_config("down=0.25") == l2.PrefetchConfig((("down", 0.25),))
+    cfg = l2.parse_config("o=1,gate_up=0.05@7.5, ctas=32,policy=last,timeout_us=500")
+    assert cfg == l2.PrefetchConfig((("o", 1.0, 0), ("gate_up", 0.05, 7500)), 32, True, 500)
+    assert l2.parse_config("down=0.25") == l2.PrefetchConfig((("down", 0.25, 0),))
     for bad in (
         "o",
         "o=0",
@@ -34,6 +34,28 @@ def test_parse_config() -> None:
             l2.parse_config(bad)
     with pytest.raises(ValueError, match="names no projection"):
         l2.parse_config("ctas=8")
+
+
+def test_schedule() -> None:
+    """Events per layer in the configured order: the weight's address, its K-slice stride and count, the bytes
+    prefetched from each slice's start (whole 128-byte lines) and the delay; flags one per layer."""
+    weights = [
+        {"o": (torch.zeros(64, 32, dtype=torch.bfloat16), 4), "gate_up": (torch.zeros(64, 96), 1)}
+        for _ in range(3)
+    ]
+    cfg = l2.parse_config("gate_up=0.25@2,o=1,down=1")
+    assert cfg is not None
+    pf = l2.L2Prefetcher(cfg, weights)  # no down weights given: no down events
+    ev = pf.events.tolist()
+    assert pf.n_events == 6 and pf.flags.tolist() == [0, 0, 0]
+    for i in range(3):
+        o, gu = weights[i]["o"][0], weights[i]["gate_up"][0]
+        assert ev[2 * i] == [i, gu.data_ptr(), 64 * 96 * 4, 1, 64 * 96, 2000]
+        assert ev[2 * i + 1] == [i, o.data_ptr(), 64 * 32 * 2 // 4, 4, 64 * 32 * 2 // 4, 0]
+    assert pf.prefetched_bytes == 3 * (64 * 96 + 64 * 32 * 2)
+    assert torch.equal(pf.flag(1), pf.flags[1:2]) and pf.flag(1).data_ptr() == pf.flags.data_ptr() + 4
+    small = l2.L2Prefetcher(l2.PrefetchConfig((("o", 0.1, 0),)), weights)  # 0.1 of a 1 KiB slice: 0 lines
+    assert small.n_events == 0
 
 
 @pytest.mark.parametrize("fused", [True, False])

@@ -12,13 +12,13 @@ right after its wait for the qkv GEMM), then issues ``prefetch.global.L2`` for a
 and optionally the first rows of its gate_up). The main chain only gains one store per layer.
 
 ``SPECSERVE_L2_PREFETCH`` (read per forward, i.e. per graph capture): empty or ``0`` off (default); otherwise
-``NAME=FRACTION`` items joined by ``,`` for NAME in ``o`` / ``gate_up`` / ``down`` (the first FRACTION of each of the
-GEMM's K slices, prefetched when layer i's attention starts, in the order given), plus optional ``ctas=N`` (programs of
+``NAME=FRACTION[@DELAY_US]`` items joined by ``,`` for NAME in ``o`` / ``gate_up`` / ``down`` (the first FRACTION of
+each of the GEMM's K slices, prefetched DELAY_US (default 0) after layer i's attention starts, in the order given:
+give the delays in increasing order), plus optional ``ctas=N`` (programs of
 the prefetch kernel, default 16), ``policy=normal|last`` (``evict_last`` hint, default normal) and ``timeout_us=N``
-(how long one event waits for its flag before the prefetcher gives up for the step, default 20000) and
-``delay_us=X`` (a pause between the flag and the prefetch, default 0: the prefetch traffic then does not queue
-before the attention's own KV reads), e.g.
-``o=1,ctas=32``. Only CUDA graph captures of the fused-norm one-row path use it (eager steps run as before); a
+(how long one event waits for its flag before the prefetcher gives up for the step, default 20000), e.g.
+``o=1,gate_up=0.1@8,ctas=32`` (a delay keeps the prefetch traffic from queueing before the attention's own reads,
+or aims it at a later idle window). Only CUDA graph captures of the fused-norm one-row path use it (eager steps run as before); a
 prefetch never changes what a kernel reads, so outputs are unchanged by construction.
 """
 
@@ -38,11 +38,11 @@ LINE = 128  # bytes a line prefetch brings into L2
 
 @dataclass(frozen=True)
 class PrefetchConfig:
-    fractions: tuple[tuple[str, float], ...]  # (projection, fraction of each K slice), in issue order
+    # (projection, fraction of each K slice, ns after layer i's trigger), in issue order
+    fractions: tuple[tuple[str, float, int], ...]
     ctas: int = 16
     evict_last: bool = False
     timeout_us: int = 20000
-    delay_ns: int = 0
 
 
 def parse_config(raw: str | None = None) -> PrefetchConfig | None:
@@ -50,18 +50,19 @@ def parse_config(raw: str | None = None) -> PrefetchConfig | None:
     raw = (os.environ.get(ENV, "") if raw is None else raw).strip()
     if raw in ("", "0"):
         return None
-    fractions: list[tuple[str, float]] = []
-    ctas, evict_last, timeout_us, delay_ns = 16, False, 20000, 0
+    fractions: list[tuple[str, float, int]] = []
+    ctas, evict_last, timeout_us = 16, False, 20000
     for item in raw.split(","):
         key, sep, val = (s.strip() for s in item.partition("="))
         try:
             if not sep:
                 raise ValueError
             if key in NAMES:
-                f = float(val)
-                if not 0.0 < f <= 1.0 or any(k == key for k, _ in fractions):
+                frac, at, delay = val.partition("@")
+                f, delay_ns = float(frac), round(float(delay) * 1000) if at else 0
+                if not 0.0 < f <= 1.0 or not 0 <= delay_ns <= 10**6 or any(k == key for k, *_ in fractions):
                     raise ValueError
-                fractions.append((key, f))
+                fractions.append((key, f, delay_ns))
             elif key == "ctas":
                 ctas = int(val)
                 if not 1 <= ctas <= 1024:
@@ -74,20 +75,16 @@ def parse_config(raw: str | None = None) -> PrefetchConfig | None:
                 timeout_us = int(val)
                 if not 1 <= timeout_us <= 10**6:
                     raise ValueError
-            elif key == "delay_us":
-                delay_ns = round(float(val) * 1000)
-                if not 0 <= delay_ns <= 10**6:
-                    raise ValueError
             else:
                 raise ValueError
         except ValueError:
             raise ValueError(
-                f"{ENV}: bad item {item.strip()!r}; expected NAME=FRACTION (NAME one of {', '.join(NAMES)}, 0 < "
-                "FRACTION <= 1, each once), ctas=1..1024, policy=normal|last, timeout_us=1..1000000 or delay_us=0..1000, joined by ','"
+                f"{ENV}: bad item {item.strip()!r}; expected NAME=FRACTION[@DELAY_US] (NAME one of {', '.join(NAMES)}, 0 < "
+                "FRACTION <= 1, 0 <= DELAY_US <= 1000, each NAME once), ctas=1..1024, policy=normal|last or timeout_us=1..1000000, joined by ','"
             ) from None
     if not fractions:
         raise ValueError(f"{ENV}: {raw!r} names no projection to prefetch (o, gate_up, down)")
-    return PrefetchConfig(tuple(fractions), ctas, evict_last, timeout_us, delay_ns)
+    return PrefetchConfig(tuple(fractions), ctas, evict_last, timeout_us)
 
 
 @triton.jit
@@ -133,34 +130,39 @@ def _prefetch_lines(addrs, valid, EVICT_LAST: tl.constexpr):
 
 @triton.jit
 def _prefetcher_kernel(
-    flags_ptr, ev_ptr, n_events, timeout_ns, delay_ns, LANES: tl.constexpr, EVICT_LAST: tl.constexpr
+    flags_ptr, ev_ptr, n_events, timeout_ns, LANES: tl.constexpr, EVICT_LAST: tl.constexpr
 ):
-    """Event e of ``ev`` ([E, 5] int64: flag index, base address, slice stride, slices, bytes per slice): wait until
-    ``flags[flag]`` is nonzero (and ``delay_ns`` more), then prefetch ``bytes`` from the start of each slice, the
-    lines spread over the programs. Waiting longer than ``timeout_ns`` for one flag ends the step's prefetching (no event after it waits):
-    the kernel always ends even if a flag is never set."""
+    """Event e of ``ev`` ([E, 6] int64: flag index, base address, slice stride, slices, bytes per slice, delay ns;
+    the events of one flag consecutive): wait until ``flags[flag]`` is nonzero, then until ``delay`` ns after this
+    program first saw it, then prefetch ``bytes`` from the start of each slice, the lines spread over the programs.
+    Waiting longer than ``timeout_ns`` for one flag ends the step's prefetching (no event after it waits): the
+    kernel always ends, even if a flag is never set."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     lanes = tl.arange(0, LANES)
     alive = pid >= 0  # a scalar true
+    prev = tl.load(ev_ptr) - 1  # no flag seen yet
+    seen = _globaltimer(pid)
     for e in range(n_events):
-        trig = tl.load(ev_ptr + e * 5)
-        base = tl.load(ev_ptr + e * 5 + 1)
-        stride = tl.load(ev_ptr + e * 5 + 2)
-        nslices = tl.load(ev_ptr + e * 5 + 3)
-        per = tl.load(ev_ptr + e * 5 + 4)
+        trig = tl.load(ev_ptr + e * 6)
+        base = tl.load(ev_ptr + e * 6 + 1)
+        stride = tl.load(ev_ptr + e * 6 + 2)
+        nslices = tl.load(ev_ptr + e * 6 + 3)
+        per = tl.load(ev_ptr + e * 6 + 4)
+        delay = tl.load(ev_ptr + e * 6 + 5)
         if alive:
-            t0 = _globaltimer(pid)
-            flag = tl.load(flags_ptr + trig, volatile=True)
-            waited = t0 - t0
-            while (flag == 0) & (waited < timeout_ns):
+            if trig != prev:
+                t0 = _globaltimer(pid)
                 flag = tl.load(flags_ptr + trig, volatile=True)
-                waited = _globaltimer(pid) - t0
-            alive = flag != 0
-            if delay_ns > 0:
-                t1 = _globaltimer(pid)
-                while _globaltimer(pid) - t1 < delay_ns:
-                    pass
+                waited = t0 - t0
+                while (flag == 0) & (waited < timeout_ns):
+                    flag = tl.load(flags_ptr + trig, volatile=True)
+                    waited = _globaltimer(pid) - t0
+                alive = flag != 0
+                seen = _globaltimer(pid)
+                prev = trig
+            while _globaltimer(pid) - seen < delay:
+                pass
         if alive:
             lines = per // 128
             total = lines * nslices
@@ -181,7 +183,7 @@ class L2Prefetcher:
         dev = next(iter(weights[0].values()))[0].device
         rows: list[list[int]] = []
         for i, layer in enumerate(weights):
-            for name, frac in cfg.fractions:
+            for name, frac, delay_ns in cfg.fractions:
                 if name not in layer:
                     continue
                 w, slices = layer[name]
@@ -191,12 +193,12 @@ class L2Prefetcher:
                 stride = nbytes // max(slices, 1)
                 per = int(stride * frac) // LINE * LINE
                 if per > 0:
-                    rows.append([i, w.data_ptr(), stride, max(slices, 1), per])
+                    rows.append([i, w.data_ptr(), stride, max(slices, 1), per, delay_ns])
         self.n_layers = len(weights)
-        self.events = torch.tensor(rows or [[0, 0, 0, 0, 0]], dtype=torch.int64, device=dev)
+        self.events = torch.tensor(rows or [[0] * 6], dtype=torch.int64, device=dev)
         self.n_events = len(rows)
         self.flags = torch.zeros(self.n_layers, dtype=torch.int32, device=dev)
-        self.stream = torch.cuda.Stream(dev)
+        self.stream = torch.cuda.Stream(dev) if dev.type == "cuda" else None  # (CPU: the schedule's tests)
         self.prefetched_bytes = sum(r[3] * r[4] for r in rows)
 
     def flag(self, layer: int) -> torch.Tensor:
@@ -204,6 +206,7 @@ class L2Prefetcher:
 
     def start(self) -> None:
         """Clear the flags and launch the prefetch kernel on the side stream (after the work queued so far)."""
+        assert self.stream is not None, "the prefetcher runs on CUDA devices"
         cur = torch.cuda.current_stream(self.flags.device)
         self.flags.zero_()
         self.stream.wait_stream(cur)
@@ -213,13 +216,13 @@ class L2Prefetcher:
                 self.events,
                 self.n_events,
                 self.cfg.timeout_us * 1000,
-                self.cfg.delay_ns,
                 LANES=512,
                 EVICT_LAST=self.cfg.evict_last,
                 num_warps=4,
             )
 
     def join(self) -> None:
+        assert self.stream is not None
         torch.cuda.current_stream(self.flags.device).wait_stream(self.stream)
 
 
