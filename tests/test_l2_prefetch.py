@@ -18,6 +18,9 @@ def test_parse_config() -> None:
     cfg = l2.parse_config("o=1,gate_up=0.05@7.5, ctas=32,policy=last,timeout_us=500")
     assert cfg == l2.PrefetchConfig((("o", 1.0, 0), ("gate_up", 0.05, 7500)), 32, True, 500)
     assert l2.parse_config("down=0.25") == l2.PrefetchConfig((("down", 0.25, 0),))
+    assert l2.parse_config("o=1,warps=4,sleep_ns=0") == l2.PrefetchConfig(
+        (("o", 1.0, 0),), warps=4, sleep_ns=0
+    )
     for bad in (
         "o",
         "o=0",
@@ -89,10 +92,10 @@ from specserve.layers.l2_prefetch import _prefetcher_kernel
 import specserve.layers.triton_attention as ta
 for last in (False, True):
     k, reg, stack = compile_sm90(_prefetcher_kernel, {"flags_ptr": "i32", "ev_ptr": "i64"},
-                                 {"LANES": 512, "EVICT_LAST": last}, 4, 1)
+                                 {"LANES": 128, "EVICT_LAST": last, "SLEEP_NS": 500}, 1, 1)
     ptx = k.asm["ptx"]
     assert stack == 0, stack
-    assert "ld.volatile.global" in ptx and "%globaltimer" in ptx, ptx[:2000]
+    assert "ld.volatile.global" in ptx and "%globaltimer" in ptx and "nanosleep.u32 500" in ptx, ptx[:2000]
     hint = "prefetch.global.L2::evict_last" in ptx
     assert "prefetch.global.L2" in ptx and hint == last
     print(last, reg, stack)
