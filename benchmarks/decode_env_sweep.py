@@ -127,6 +127,10 @@ def main() -> int:
                      "flags_set": int(pf.flags.sum()), "layers": pf.n_layers}
                     for pf in pfs
                 ]  # fmt: skip
+            from specserve.layers import l2_prefetch
+
+            if l2_prefetch.attn_captures:  # site=attn: captures that took the prefetch so far (this process)
+                row["l2_prefetch_attn_captures"] = l2_prefetch.attn_captures
             rows.append(row)
             print(json.dumps(row), flush=True)
         del llm

@@ -105,6 +105,38 @@ print("OK")
     assert out.count("0\n") >= 2
 
 
+def test_attention_prefetch_programs_compile_for_sm90() -> None:
+    """site=attn: the Qwen3-8B decode attention (one kernel with rope_store, 8 split-K partials) with its extra
+    prefetch programs, after (PF=1) or before (PF=2) their wait, compiles without spills; the programs' line
+    prefetches are in the PTX."""
+    run_script(
+        """
+import specserve.layers.triton_attention as ta
+from sm90 import compile_sm90
+attn_ptrs = dict(q_ptr="bf16", k_cache_ptr="bf16", v_cache_ptr="bf16", out_ptr="bf16", part_out_ptr="fp32",
+                 part_lse_ptr="fp32", counter_ptr="i32", qsl_ptr="i32", seq_lens_ptr="i32", bt_ptr="i32",
+                 qkv_ptr="bf16", pos_ptr="i64", cos_ptr="fp32", sin_ptr="fp32", qw_ptr="bf16", kw_ptr="bf16",
+                 slot_ptr="i64")
+cfg = ta.select_attention_config(32, 8, 128, 1)
+base = dict(HEAD_DIM=128, BLOCK_D=128, GROUP=4, QT=cfg.queries_per_tile, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+            BLOCK_SIZE=16, CAUSAL=True, WINDOW=0, NUM_SPLITS=16, FUSED_MERGE=False, PRECISION="tf32",
+            UPCAST=False, PDL=True, ROPE=True, NUM_HEADS=32, NUM_KV_HEADS=8, R_PAD=2, QK_NORM=True, MODE=1,
+            NSPLIT=8, SIGNAL=True)
+ptrs = dict(attn_ptrs, qkv_ptr="fp32", signal_ptr="i32", pf_ptr="u8")
+for pf, last in ((0, False), (1, False), (2, True)):
+    k, reg, stack = compile_sm90(ta._paged_attn_kernel, ptrs, dict(base, PF=pf, PF_EVICT_LAST=last),
+                                 cfg.num_warps, cfg.num_stages, floats=("qk_scale", "eps"),
+                                 not_divisible=("stride_bt", "pf_b", "pf_slices"))
+    ptx = k.asm["ptx"]
+    assert stack == 0, (pf, stack)
+    assert ("prefetch.global.L2" in ptx) == (pf > 0) and ("evict_last" in ptx) == last, pf
+    assert "griddepcontrol.wait" in ptx
+    print(pf, reg, stack)
+print("OK")
+"""
+    )
+
+
 def test_engine_leaves_it_out_of_cpu_steps(monkeypatch: pytest.MonkeyPatch) -> None:
     """The setting on, a CPU model builds no prefetcher and passes no signal (the prefetcher is for captured CUDA
     steps), and a bad setting is not read there either."""

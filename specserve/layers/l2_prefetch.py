@@ -35,6 +35,7 @@ import triton.language as tl
 ENV = "SPECSERVE_L2_PREFETCH"
 NAMES = ("o", "gate_up", "down")
 LINE = 128  # bytes a line prefetch brings into L2
+attn_captures = 0  # one-row steps captured with site=attn (a check for the benchmarks)
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,10 @@ class PrefetchConfig:
     timeout_us: int = 20000
     warps: int = 1  # per program
     sleep_ns: int = 500  # a waiting program's nanosleep between polls (0: busy-wait)
+    # "kernel": the persistent prefetch kernel; "attn": ``ctas`` extra programs of each layer's attention kernel
+    # prefetch o_proj (``early``: before the kernel's wait for the qkv GEMM, i.e. while it runs)
+    site: str = "kernel"
+    early: bool = False
 
 
 def parse_config(raw: str | None = None) -> PrefetchConfig | None:
@@ -54,7 +59,7 @@ def parse_config(raw: str | None = None) -> PrefetchConfig | None:
     if raw in ("", "0"):
         return None
     fractions: list[tuple[str, float, int]] = []
-    ctas, evict_last, timeout_us, warps, sleep_ns = 16, False, 20000, 1, 500
+    ctas, evict_last, timeout_us, warps, sleep_ns, site, early = 16, False, 20000, 1, 500, "kernel", False
     for item in raw.split(","):
         key, sep, val = (s.strip() for s in item.partition("="))
         try:
@@ -82,6 +87,14 @@ def parse_config(raw: str | None = None) -> PrefetchConfig | None:
                 sleep_ns = int(val)
                 if not 0 <= sleep_ns <= 10**6:
                     raise ValueError
+            elif key == "site":
+                if val not in ("kernel", "attn"):
+                    raise ValueError
+                site = val
+            elif key == "early":
+                if val not in ("0", "1"):
+                    raise ValueError
+                early = val == "1"
             elif key == "timeout_us":
                 timeout_us = int(val)
                 if not 1 <= timeout_us <= 10**6:
@@ -91,11 +104,13 @@ def parse_config(raw: str | None = None) -> PrefetchConfig | None:
         except ValueError:
             raise ValueError(
                 f"{ENV}: bad item {item.strip()!r}; expected NAME=FRACTION[@DELAY_US] (NAME one of {', '.join(NAMES)}, 0 < "
-                "FRACTION <= 1, 0 <= DELAY_US <= 1000, each NAME once), ctas=1..1024, warps=1|2|4|8, sleep_ns=0..1000000, policy=normal|last or timeout_us=1..1000000, joined by ','"
+                "FRACTION <= 1, 0 <= DELAY_US <= 1000, each NAME once), ctas=1..1024, warps=1|2|4|8, sleep_ns=0..1000000, policy=normal|last, site=kernel|attn, early=0|1 or timeout_us=1..1000000, joined by ','"
             ) from None
     if not fractions:
         raise ValueError(f"{ENV}: {raw!r} names no projection to prefetch (o, gate_up, down)")
-    return PrefetchConfig(tuple(fractions), ctas, evict_last, timeout_us, warps, sleep_ns)
+    if site == "attn" and (len(fractions) != 1 or fractions[0][0] != "o" or fractions[0][2]):
+        raise ValueError(f"{ENV}: site=attn prefetches o_proj only, without a delay (o=FRACTION)")
+    return PrefetchConfig(tuple(fractions), ctas, evict_last, timeout_us, warps, sleep_ns, site, early)
 
 
 @triton.jit

@@ -27,7 +27,8 @@ from specserve.layers.norm import RMSNorm
 from specserve.layers.rotary import RotaryEmbedding
 
 if TYPE_CHECKING:
-    from specserve.layers.l2_prefetch import L2Prefetcher
+    from specserve.layers.l2_prefetch import L2Prefetcher, PrefetchConfig
+    from specserve.layers.triton_attention import L2Range
 
 KVCache = tuple[torch.Tensor, torch.Tensor]
 
@@ -103,6 +104,7 @@ class Attention(nn.Module):
         backend: AttentionBackend,
         partials: torch.Tensor | None = None,
         signal: torch.Tensor | None = None,
+        l2_prefetch: L2Range | None = None,
     ) -> torch.Tensor:
         """Fused path: split ``qkv``, q/k norm, RoPE, K/V store (``rope_store``), then attention over the paged
         cache: [T, num_heads * head_dim]. ``partials``: the qkv GEMM's split-K fp32 partials (``qkv`` then only gives
@@ -123,6 +125,7 @@ class Attention(nn.Module):
             qn.eps if qn is not None else 0.0,
             meta.slot_mapping,
             signal,
+            l2_prefetch,
         )
         o = backend.rope_store_attend(
             rope,
@@ -345,6 +348,7 @@ def _run_layers_fused_norm(
     pf = _l2_prefetcher(layers, h, splits, gate_up_splits if triton_gate_up else 1)
     if pf is not None:
         pf.start()
+    attn_pf = _attn_l2_prefetch(h)
     taps: dict[int, torch.Tensor] = {}
     entering, ssq = h, None
     for i, mod in enumerate(layers):
@@ -366,6 +370,7 @@ def _run_layers_fused_norm(
             backend,
             partials=parts,
             signal=pf.flag(i) if pf is not None else None,
+            l2_prefetch=_o_range(attn.o_proj, splits["o"], attn_pf) if attn_pf is not None else None,
         )
         after_attn, ssq = splitk_add(a, _kn_weight(attn.o_proj), splits["o"], "o", entering)
         if prologue and triton_gate_up:
@@ -384,6 +389,32 @@ def _run_layers_fused_norm(
     return rms_norm(entering, norm.weight, norm.eps), taps
 
 
+def _attn_l2_prefetch(h: torch.Tensor) -> PrefetchConfig | None:
+    """``SPECSERVE_L2_PREFETCH`` with ``site=attn`` while a one-row CUDA step is being captured, else None."""
+    from specserve.layers import l2_prefetch
+    from specserve.layers.l2_prefetch import parse_config
+
+    if h.device.type != "cuda" or h.shape[0] != 1 or not torch.cuda.is_current_stream_capturing():
+        return None
+    cfg = parse_config()
+    if cfg is None or cfg.site != "attn":
+        return None
+    l2_prefetch.attn_captures += 1  # (benchmarks/decode_env_sweep.py reports it)
+    return cfg
+
+
+def _o_range(o_proj: nn.Module, slices: int, cfg: PrefetchConfig) -> L2Range | None:
+    """The o_proj range the attention's extra programs prefetch under ``cfg`` (None for a non-contiguous weight)."""
+    from specserve.layers.l2_prefetch import LINE
+    from specserve.layers.triton_attention import L2Range
+
+    w = _kn_weight(o_proj)
+    if not w.is_contiguous():
+        return None
+    per = int(w.numel() * w.element_size() // slices * cfg.fractions[0][1]) // LINE * LINE
+    return L2Range(w, slices, per, cfg.ctas, cfg.early, cfg.evict_last) if per else None
+
+
 def _l2_prefetcher(
     layers: nn.ModuleList, h: torch.Tensor, splits: dict[str, int], gate_up_splits: int
 ) -> L2Prefetcher | None:
@@ -395,7 +426,7 @@ def _l2_prefetcher(
     if h.device.type != "cuda" or h.shape[0] != 1:
         return None
     cfg = parse_config()
-    if cfg is None:
+    if cfg is None or cfg.site != "kernel":
         return None
     cache = layers.__dict__.get("_l2_prefetchers", {})
     capturing = torch.cuda.is_current_stream_capturing()
