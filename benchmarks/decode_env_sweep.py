@@ -116,21 +116,6 @@ def main() -> int:
                    "step_ms": round(best, 3),
                    "x_floor": round(best / (1e3 * wb / dram), 3), "same_tokens_as_first": same,
                    "common_prefix": round(common, 3)}  # fmt: skip
-            pfs = [
-                pf
-                for m in llm.engine.runner.model.modules()
-                for pf in m.__dict__.get("_l2_prefetchers", {}).values()
-            ]
-            if pfs:  # SPECSERVE_L2_PREFETCH: did every layer's trigger fire in the last step?
-                row["l2_prefetch"] = [
-                    {"events": pf.n_events, "MB": round(pf.prefetched_bytes / 1e6, 1),
-                     "flags_set": int(pf.flags.sum()), "layers": pf.n_layers}
-                    for pf in pfs
-                ]  # fmt: skip
-            from specserve.layers import l2_prefetch
-
-            if l2_prefetch.attn_captures:  # site=attn: captures that took the prefetch so far (this process)
-                row["l2_prefetch_attn_captures"] = l2_prefetch.attn_captures
             rows.append(row)
             print(json.dumps(row), flush=True)
         del llm

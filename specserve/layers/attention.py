@@ -88,8 +88,6 @@ class AttentionBackend:
             rope.qkv, rope.positions, rope.cos, rope.sin, rope.q_norm_weight, rope.k_norm_weight, rope.eps,
             k_cache, v_cache, rope.slot_mapping, num_heads, hk, d, rope.partials,
         )  # fmt: skip
-        if rope.signal is not None:
-            rope.signal.fill_(1)
         return self.attend(
             q, k_cache, v_cache, meta, causal=causal, sliding_window=sliding_window, scale=scale
         )

@@ -54,7 +54,6 @@ import torch
 import triton
 import triton.language as tl
 
-from specserve.layers.l2_prefetch import _prefetch_lines
 from specserve.layers.triton_fused import _load_qkv, _mode, _norm_rope, _pdl_wait, _round, pdl_launch
 
 __all__ = [
@@ -265,12 +264,6 @@ def _paged_attn_kernel(
     stride_cos,
     stride_sin,
     eps,
-    signal_ptr,
-    pf_ptr,
-    pf_b,
-    pf_stride,
-    pf_slices,
-    pf_per,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     GROUP: tl.constexpr,
@@ -292,33 +285,11 @@ def _paged_attn_kernel(
     QK_NORM: tl.constexpr = False,
     MODE: tl.constexpr = 0,
     NSPLIT: tl.constexpr = 0,
-    SIGNAL: tl.constexpr = False,
-    PF: tl.constexpr = 0,
-    PF_EVICT_LAST: tl.constexpr = False,
 ):
-    if PF > 0:  # the programs past the real batch prefetch a weight range into L2 (L2Range) and end
-        if tl.program_id(0) >= pf_b:
-            if PF == 1:
-                _pdl_wait(PDL)
-            n1 = tl.num_programs(1)
-            n2 = tl.num_programs(2)
-            n_pf = (tl.num_programs(0) - pf_b) * n1 * n2
-            me = ((tl.program_id(0) - pf_b) * n1 + tl.program_id(1)) * n2 + tl.program_id(2)
-            lines = pf_per // 128
-            total = lines * pf_slices
-            for c0 in range(me * 256, total, n_pf * 256):
-                c = c0 + tl.arange(0, 256)
-                s = c // lines
-                off = s.to(tl.int64) * pf_stride + (c - s * lines).to(tl.int64) * 128
-                _prefetch_lines(pf_ptr + off, (c < total).to(tl.int32), PF_EVICT_LAST)
-            return
     _pdl_wait(PDL)
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     pid2 = tl.program_id(2)
-    if SIGNAL:  # the predecessor (the qkv GEMM) has finished: tell the L2 prefetcher (layers/l2_prefetch.py)
-        if (b == 0) & (kvh == 0) & (pid2 == 0):
-            tl.store(signal_ptr, 1)
     q_tile = pid2 // NUM_SPLITS
     split = pid2 % NUM_SPLITS
 
@@ -726,22 +697,6 @@ class RopeStoreInputs(NamedTuple):
     k_norm_weight: torch.Tensor | None
     eps: float
     slot_mapping: torch.Tensor  # [T], -1 writes nothing
-    # a one-element int32 tensor set to 1 once the kernel has waited for its predecessor (layers/l2_prefetch.py)
-    signal: torch.Tensor | None = None
-    # extra programs of the kernel prefetch a weight into L2 (SPECSERVE_L2_PREFETCH site=attn, layers/l2_prefetch.py)
-    l2_prefetch: L2Range | None = None
-
-
-class L2Range(NamedTuple):
-    """The first ``per_slice`` bytes of each of ``slices`` equal K slices of ``weight`` (contiguous), prefetched into
-    L2 by ``programs`` extra programs (``early``: before their wait for the predecessor)."""
-
-    weight: torch.Tensor
-    slices: int
-    per_slice: int
-    programs: int
-    early: bool
-    evict_last: bool
 
 
 def paged_attention(
@@ -832,8 +787,6 @@ def rope_store_paged_attention(
             rope.qkv, rope.positions, rope.cos, rope.sin, rope.q_norm_weight, rope.k_norm_weight, rope.eps,
             k_cache, v_cache, rope.slot_mapping, num_heads, hk, d, rope.partials,
         )  # fmt: skip
-        if rope.signal is not None:
-            rope.signal.fill_(1)
         return paged_attention(
             q, k_cache, v_cache, query_start_loc, seq_lens, block_tables, causal=causal,
             sliding_window=sliding_window, scale=scale, max_query_len=max_query_len, max_seq_len=max_seq_len,
@@ -959,8 +912,7 @@ def _attention(
     if rope is None:
         assert q is not None
         q_arg, q_strides = q, (q.stride(0), q.stride(1))
-        rope_args: tuple = (out, seq_lens, out, out, out, out, seq_lens, 0, 0, 0, 0, 0.0, seq_lens)  # unused
-        rope_args += (seq_lens, b, 0, 0, 0)  # no prefetch
+        rope_args: tuple = (out, seq_lens, out, out, out, out, seq_lens, 0, 0, 0, 0, 0.0)  # unused
         rope_const: dict = {}
     else:
         src = rope.partials if rope.partials is not None else rope.qkv
@@ -972,29 +924,12 @@ def _attention(
             rope.slot_mapping, src.stride(-2), src.stride(0) if rope.partials is not None else 0,
             rope.cos.stride(0), rope.sin.stride(0), float(rope.eps),
         )  # fmt: skip
-        rope_args += (rope.signal if rope.signal is not None else seq_lens,)  # seq_lens: unused
-        pf = rope.l2_prefetch
-        if pf is not None:
-            rope_args += (pf.weight.view(-1).view(torch.uint8), b, pf.weight.numel() * pf.weight.element_size() // pf.slices, pf.slices, pf.per_slice)  # fmt: skip
-        else:
-            rope_args += (seq_lens, b, 0, 0, 0)
         rope_const = dict(
             ROPE=True, NUM_HEADS=h, NUM_KV_HEADS=hk, R_PAD=max(2, triton.next_power_of_2(cfg.queries_per_tile)),
             QK_NORM=qk_norm, MODE=_mode(dtype), NSPLIT=rope.partials.shape[0] if rope.partials is not None else 0,
-            SIGNAL=rope.signal is not None,
         )  # fmt: skip
-        if pf is not None:
-            rope_const.update(PF=2 if pf.early else 1, PF_EVICT_LAST=pf.evict_last)
 
     grid = (b, hk, q_tiles * num_splits)
-    if (
-        rope is not None and rope.l2_prefetch is not None
-    ):  # extra rows of programs past the batch: the prefetch
-        grid = (
-            b + triton.cdiv(rope.l2_prefetch.programs, hk * q_tiles * num_splits),
-            hk,
-            q_tiles * num_splits,
-        )
     pdl, pdl_kw = pdl_launch(device, "attn" if num_splits == 1 or fused else None)
     _paged_attn_kernel[grid](
         q_arg,

@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, cast
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -25,10 +25,6 @@ from specserve.layers.attention import AttentionBackend, AttnMetadata
 from specserve.layers.linear import SPLIT_MAX_ROWS, TransposedLinear
 from specserve.layers.norm import RMSNorm
 from specserve.layers.rotary import RotaryEmbedding
-
-if TYPE_CHECKING:
-    from specserve.layers.l2_prefetch import L2Prefetcher, PrefetchConfig
-    from specserve.layers.triton_attention import L2Range
 
 KVCache = tuple[torch.Tensor, torch.Tensor]
 
@@ -103,14 +99,11 @@ class Attention(nn.Module):
         cache: KVCache,
         backend: AttentionBackend,
         partials: torch.Tensor | None = None,
-        signal: torch.Tensor | None = None,
-        l2_prefetch: L2Range | None = None,
     ) -> torch.Tensor:
         """Fused path: split ``qkv``, q/k norm, RoPE, K/V store (``rope_store``), then attention over the paged
         cache: [T, num_heads * head_dim]. ``partials``: the qkv GEMM's split-K fp32 partials (``qkv`` then only gives
         the shape and dtype). The Triton backend runs both as one kernel at decode steps
-        (``backend.rope_store_attend``). ``signal``: a one-element int32 tensor set to 1 when the attention starts
-        (the L2 prefetcher's trigger, layers/l2_prefetch.py)."""
+        (``backend.rope_store_attend``)."""
         from specserve.layers.triton_attention import RopeStoreInputs
 
         qn, kn = self.q_norm, self.k_norm
@@ -124,8 +117,6 @@ class Attention(nn.Module):
             kn.weight if kn is not None else None,
             qn.eps if qn is not None else 0.0,
             meta.slot_mapping,
-            signal,
-            l2_prefetch,
         )
         o = backend.rope_store_attend(
             rope,
@@ -345,10 +336,6 @@ def _run_layers_fused_norm(
     prologue = mode == 2
     triton_gate_up = h.shape[0] >= gate_up_min_rows()
     gate_up_splits = splits.get("gate_up", 1)
-    pf = _l2_prefetcher(layers, h, splits, gate_up_splits if triton_gate_up else 1)
-    if pf is not None:
-        pf.start()
-    attn_pf = _attn_l2_prefetch(h)
     taps: dict[int, torch.Tensor] = {}
     entering, ssq = h, None
     for i, mod in enumerate(layers):
@@ -362,16 +349,7 @@ def _run_layers_fused_norm(
             parts = splitk_partials(entering, w_qkv, splits["qkv"], "qkv", NormIn(ssq, ln.weight, ln.eps))
         else:  # (the embeddings have no sums of squares)
             parts = splitk_partials(rms_norm(entering, ln.weight, ln.eps), w_qkv, splits["qkv"], "qkv")
-        a = attn.rope_attend(
-            _output_like(h, parts),
-            positions,
-            meta,
-            caches[i],
-            backend,
-            partials=parts,
-            signal=pf.flag(i) if pf is not None else None,
-            l2_prefetch=_o_range(attn.o_proj, splits["o"], attn_pf) if attn_pf is not None else None,
-        )
+        a = attn.rope_attend(_output_like(h, parts), positions, meta, caches[i], backend, partials=parts)
         after_attn, ssq = splitk_add(a, _kn_weight(attn.o_proj), splits["o"], "o", entering)
         if prologue and triton_gate_up:
             nin = NormIn(ssq, pn.weight, pn.eps)
@@ -382,71 +360,9 @@ def _run_layers_fused_norm(
         else:
             s = silu_mul(mlp.gate_up_proj(rms_norm(after_attn, pn.weight, pn.eps)), mlp.intermediate)
         entering, ssq = splitk_add(s, _kn_weight(mlp.down_proj), splits["down"], "down", after_attn)
-    if pf is not None:
-        pf.join()
     if len(layers) in want:
         taps[len(layers)] = entering
     return rms_norm(entering, norm.weight, norm.eps), taps
-
-
-def _attn_l2_prefetch(h: torch.Tensor) -> PrefetchConfig | None:
-    """``SPECSERVE_L2_PREFETCH`` with ``site=attn`` while a one-row CUDA step is being captured, else None."""
-    from specserve.layers import l2_prefetch
-    from specserve.layers.l2_prefetch import parse_config
-
-    if h.device.type != "cuda" or h.shape[0] != 1 or not torch.cuda.is_current_stream_capturing():
-        return None
-    cfg = parse_config()
-    if cfg is None or cfg.site != "attn":
-        return None
-    l2_prefetch.attn_captures += 1  # (benchmarks/decode_env_sweep.py reports it)
-    return cfg
-
-
-def _o_range(o_proj: nn.Module, slices: int, cfg: PrefetchConfig) -> L2Range | None:
-    """The o_proj range the attention's extra programs prefetch under ``cfg`` (None for a non-contiguous weight)."""
-    from specserve.layers.l2_prefetch import LINE
-    from specserve.layers.triton_attention import L2Range
-
-    w = _kn_weight(o_proj)
-    if not w.is_contiguous():
-        return None
-    per = int(w.numel() * w.element_size() // slices * cfg.fractions[0][1]) // LINE * LINE
-    return L2Range(w, slices, per, cfg.ctas, cfg.early, cfg.evict_last) if per else None
-
-
-def _l2_prefetcher(
-    layers: nn.ModuleList, h: torch.Tensor, splits: dict[str, int], gate_up_splits: int
-) -> L2Prefetcher | None:
-    """The layers' L2 prefetcher (``SPECSERVE_L2_PREFETCH``, layers/l2_prefetch.py) while a CUDA graph of a one-row
-    step is being captured; None otherwise (eager steps, CPU, the setting off). It is built (its schedule copied to
-    the device) at the first step outside a capture: the runner's warm-up runs before each capture."""
-    from specserve.layers.l2_prefetch import parse_config, prefetcher_for
-
-    if h.device.type != "cuda" or h.shape[0] != 1:
-        return None
-    cfg = parse_config()
-    if cfg is None or cfg.site != "kernel":
-        return None
-    cache = layers.__dict__.get("_l2_prefetchers", {})
-    capturing = torch.cuda.is_current_stream_capturing()
-    if capturing:
-        return cache.get(
-            cfg
-        )  # built by the warm-up (None if it was not: no prefetch rather than a copy in capture)
-    weights = []
-    for mod in layers:
-        layer = cast(DecoderLayer, mod)
-        w = {
-            "o": (_kn_weight(layer.self_attn.o_proj), splits["o"]),
-            "gate_up": (_kn_weight(layer.mlp.gate_up_proj), gate_up_splits),
-            "down": (_kn_weight(layer.mlp.down_proj), splits["down"]),
-        }
-        if not all(t.is_contiguous() for t, _ in w.values()):
-            return None  # nn.Linear's [N, K] weights: a K slice is not one address range
-        weights.append(w)
-    prefetcher_for(layers, cfg, weights)
-    return None
 
 
 def _layer_fused(

@@ -1,0 +1,3 @@
+# session 39, call p1b (the same warm H100 as p1, no carry; the command as run): the prefetcher's own cost apart
+# from its traffic (o=0.01: 36 x 0.3 MB), and the program count
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false; mkdir -p /root/q3 && ls /root/q3 | head -3; timeout 300 python benchmarks/decode_env_sweep.py --config-dir /root/q3 --env SPECSERVE_L2_PREFETCH --values 0 "o=0.01" "o=0.01,ctas=1" "o=1,ctas=4" "o=1,ctas=8" "gate_up=0.1@8" 0 --batches 1 --short-tokens 32 --tokens 160 --out $OUT/sweep-l2pf2.json > $OUT/sweep-l2pf2.log 2>&1; echo rc=$?; grep -v "^INFO\|^\[transformers\]" $OUT/sweep-l2pf2.log | grep -v "^{" | tail -12
