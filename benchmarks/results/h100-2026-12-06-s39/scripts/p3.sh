@@ -1,3 +1,4 @@
+# (needs l2_prefetch.patch applied: git apply benchmarks/results/h100-2026-12-06-s39/l2_prefetch.patch; copy this script to .s39/)
 # session 39, call p3 (carry [".s28q", ".s39"]): the persistent L2 prefetcher (SPECSERVE_L2_PREFETCH) on the
 # Qwen3-8B shape (random bf16 weights), plain decode at batch 1, A/B in one process (fresh engine per value)
 # site=attn: extra programs of each layer's attention kernel prefetch o_proj (early=1: before their PDL wait, during qkv)
