@@ -80,14 +80,12 @@ def test_fused_norm_rejects_bad_inputs(monkeypatch):
     with pytest.raises(ValueError, match="ssq must be"):
         ts.splitk_partials(x, w, 4, "o", ts.NormIn(torch.zeros(3, 4), torch.ones(64), 1e-6))
     monkeypatch.setenv("SPECSERVE_FUSED_NORM", "yes")
-    with pytest.raises(ValueError, match="SPECSERVE_FUSED_NORM must be 0, 1, 2, 3 or auto"):
+    with pytest.raises(ValueError, match="SPECSERVE_FUSED_NORM must be 0, 1, 2 or auto"):
         llama.fused_norm_mode(1)
     monkeypatch.delenv("SPECSERVE_FUSED_NORM")  # auto: the add epilogues for one-row steps only
     assert [llama.fused_norm_mode(r) for r in (1, 2, 16)] == [1, 0, 0]
     monkeypatch.setenv("SPECSERVE_FUSED_NORM", "2")
     assert [llama.fused_norm_mode(r) for r in (1, 16)] == [2, 2]
-    monkeypatch.setenv("SPECSERVE_FUSED_NORM", "3")
-    assert [llama.fused_norm_mode(r) for r in (1, 16)] == [3, 3]
 
 
 # mode 1 (the default's, at one row): the add epilogues with rms_norm kernels, with DFlash; 2: and the norm prologues
@@ -148,95 +146,6 @@ def test_engine_tokens_unchanged_with_fused_norm(tiny2_qwen3_dir, tmp_path, layo
         assert outs["1b1"] == outs["0b1"] and outs["1spec"] == outs["0"]
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("rows", [1, 5, 16])
-@pytest.mark.parametrize("layout", ["kn", "nk"])
-def test_sum_in_prologue_matches_the_add_norm_kernel_and_gemm(dtype, rows, layout, monkeypatch):
-    """Mode 3's GEMMs (session 40): the stream they write equals the add + RMSNorm kernel's bit for bit, and their
-    products equal norm-then-GEMM's (float32: up to the order of additions; bf16: within the rounding the product's
-    other rounding point allows), with and without partials to sum."""
-    import specserve.layers.triton_splitk as ts
-    from specserve.layers.triton_fused import fused_add_rms_norm_partials, rms_norm
-
-    monkeypatch.setenv("SPECSERVE_TRITON_GEMM_TILES", TINY_TILES)
-    torch.manual_seed(rows)
-    k, n, inter = 64, 48, 32
-    r, parts = torch.randn(rows, k).to(dtype), torch.randn(3, rows, k)
-    nw = (torch.rand(k) + 0.5).to(dtype)
-    normed, h_ref = fused_add_rms_norm_partials(parts, r, nw, 1e-6)
-    w, w2 = _weight(k, n, layout, dtype), _weight(k, 2 * inter, layout, dtype)
-    q, h = ts.sum_norm_partials(r, w, "qkv", ts.SumIn(parts, nw, 1e-6))
-    s, h2 = ts.sum_norm_gate_up_silu(r, w2, inter, ts.SumIn(parts, nw, 1e-6))
-    assert q.shape == (1, rows, n) and q.dtype == torch.float32
-    assert torch.equal(h, h_ref) and torch.equal(h2, h_ref)
-    q0, h0 = ts.sum_norm_partials(r, w, "qkv", ts.SumIn(None, nw, 1e-6))
-    assert h0 is r  # no partials: the stream is x itself, nothing written
-    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=0.02, atol=0.04)
-    torch.testing.assert_close(q[0], normed.float() @ w.float(), **tol)
-    torch.testing.assert_close(q0[0], rms_norm(r, nw, 1e-6).float() @ w.float(), **tol)
-    torch.testing.assert_close(s.float(), ts.gate_up_silu(normed, w2, inter).float(), **tol)
-    with pytest.raises(ValueError, match="partials must be"):
-        ts.sum_norm_partials(r, w, "qkv", ts.SumIn(parts[:, :, :32], nw, 1e-6))
-    with pytest.raises(ValueError, match="weight must be"):
-        ts.sum_norm_gate_up_silu(r, w2, inter, ts.SumIn(parts, nw[:32], 1e-6))
-
-
-@pytest.mark.parametrize("layout", ["kn", "nk"])
-def test_engine_tokens_unchanged_with_sum_norm_layers(tiny2_qwen3_dir, tmp_path, layout, monkeypatch):
-    """``SPECSERVE_FUSED_NORM=3``: greedy float32 tokens of batched decoding (2-row steps) and of DFlash K=4 (5-row
-    verify steps) equal those of the default path, and its forwards ran with one norm kernel each (the final one)
-    and the qkv / gate_up GEMMs summing the partials before them."""
-    from drafters import make_dflash
-
-    import specserve.layers.triton_fused as tf
-    import specserve.layers.triton_splitk as ts
-    import specserve.models.llama as llama
-    from specserve import LLM, SamplingParams
-
-    monkeypatch.setenv("SPECSERVE_WEIGHT_LAYOUT", layout)
-    monkeypatch.setenv("SPECSERVE_TRITON_GEMM", "1")
-    monkeypatch.setenv("SPECSERVE_SPLIT_GEMM", "qkv=2,o=2,down=4")
-    monkeypatch.setenv("SPECSERVE_TRITON_GEMM_TILES", ENGINE_TILES)
-    monkeypatch.setenv("SPECSERVE_TRITON_GEMV", "0")
-    prompts = ["The capital of France is", "def f(x):"]
-    sp = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
-    kw = dict(dtype="float32", device="cpu", num_gpu_blocks=64, attention_backend="triton")
-    rows: list[int] = []  # of each forward on the path
-    norms: list[int] = []  # rms_norm launches inside each such forward
-    sums: list[int] = []
-    launched: list[int] = []
-    real_run, real_norm, real_sum = llama._run_layers_sum_norm, tf._launch_rms_norm, ts.sum_norm_partials
-
-    def run(layers, h, *a, **k):
-        before = len(launched)
-        out = real_run(layers, h, *a, **k)
-        rows.append(h.shape[0])
-        norms.append(len(launched) - before)
-        return out
-
-    monkeypatch.setattr(llama, "_run_layers_sum_norm", run)
-    monkeypatch.setattr(tf, "_launch_rms_norm", lambda *a, **k: launched.append(1) or real_norm(*a, **k))
-    monkeypatch.setattr(ts, "sum_norm_partials", lambda *a, **k: sums.append(1) or real_sum(*a, **k))
-    mc = json.loads((Path(tiny2_qwen3_dir) / "config.json").read_text())
-    n = mc["num_hidden_layers"]
-    dflash = make_dflash(tmp_path / "d", mc["hidden_size"], n, mc["vocab_size"], layer_ids=[0, 1])
-    spec = {"method": "dflash", "model": dflash, "num_speculative_tokens": 4}
-    outs = {}
-    for flag in ("0", "3"):
-        monkeypatch.setenv("SPECSERVE_FUSED_NORM", flag)
-        rows.clear(), norms.clear(), sums.clear()
-        outs[flag] = [o.outputs[0].token_ids for o in LLM(tiny2_qwen3_dir, **kw).generate(prompts, sp)]
-        outs[flag + "spec"] = [
-            o.outputs[0].token_ids
-            for o in LLM(tiny2_qwen3_dir, speculative_config=spec, **kw).generate(prompts, sp)
-        ]
-        if flag == "0":
-            assert not rows and not sums
-        else:  # 2-row decode steps and 2 x 5-row verify steps took the path: n qkv GEMMs and one norm kernel each
-            assert {2, 10} <= set(rows) and len(sums) == n * len(rows) and set(norms) == {1}
-    assert outs["3"] == outs["0"] and outs["3spec"] == outs["0spec"]
-
-
 _HOPPER_SCRIPT = r"""
 import specserve.layers.triton_splitk as ts
 from specserve.layers.triton_fused import _BF16
@@ -267,21 +176,6 @@ for name, cls, n, k, s, norm, add in [
     assert "griddepcontrol.wait" in ptx
     assert ("atom" in ptx) == (add and s > 1), name  # the arrival counter
     assert ("bar.sync" in ptx) or not (norm or add)
-# mode 3's one-slice GEMMs that sum the partials before them (session 40): SmolLM2-135M's verify shapes (nn.Linear
-# weights, K contiguous) and the Qwen3-8B ones
-sum_ptrs = dict(ptrs, pin_ptr="fp32", hout_ptr="bf16")
-for name, lay, n, k, np_in in [("qkv", "nk", 960, 576, 4), ("gate_up", "nk", 1536, 576, 3),
-                               ("qkv", "kn", 6144, 4096, 8), ("gate_up", "kn", 12288, 4096, 8)]:
-    t = ts.sum_in_tile(name, 16, lay, None, k, n)
-    gate_up = name == "gate_up"
-    const = dict(N=n, K_SPLIT=k, BLOCK_M=16, BLOCK_N=t.block_n, BLOCK_K=t.block_k, PRE_K=0, NUM_STAGES=t.stages,
-                 USE_DOT=True, PRECISION="tf32", UPCAST=False, GATE_UP=gate_up, MODE=_BF16, PDL=True, K_TOTAL=k,
-                 SUM_IN=True, NP_IN=np_in, **({"stride_wk": 1} if lay == "nk" else {"stride_wn": 1}))
-    p = dict(sum_ptrs, out_ptr="bf16") if gate_up else sum_ptrs
-    kernel, reg, stack = compile_sm90(ts._splitk_gemm_kernel, p, const, t.warps, t.stages, floats=("eps",))
-    print(name, lay, "sum_in", f"REG:{reg} STACK:{stack}")
-    assert stack == 0, (name, lay)
-    assert "rsqrt" in kernel.asm["ptx"]
 print("OK")
 """
 

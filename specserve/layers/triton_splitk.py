@@ -71,13 +71,10 @@ __all__ = [
     "gate_up_min_rows",
     "AddOut",
     "NormIn",
-    "SumIn",
     "gate_up_silu",
     "layout_of",
     "splitk_add",
     "splitk_partials",
-    "sum_norm_gate_up_silu",
-    "sum_norm_partials",
     "tile_for",
 ]
 
@@ -340,31 +337,6 @@ def _finish_gate_up(acc, acc_u, out_ptr, offs_m, mask_m, offs_n, stride_om, MODE
 
 
 @triton.jit
-def _sum_in(x, ssq, pin_ptr, hout_ptr, norm_ptr, offs_m, mask_m, offs_k, pid_n, stride_pis, stride_pim, stride_hm,
-            NP_IN: tl.constexpr, MODE: tl.constexpr):  # fmt: skip
-    """One K chunk of a :class:`SumIn` prologue: h = round(round(sum of the ``NP_IN`` fp32 partials) + x) (x the
-    residual stream: the add + RMSNorm kernel's rounding; with ``NP_IN`` 0, h = x), stored by the programs of the
-    first N block (the new residual stream); returns the GEMM's input ``round(h * w)`` (w the norm's weight, in x's
-    dtype) and the rows' sums of squares of h so far (the norm's 1 / rms scales the product at the end)."""
-    h = x.to(tl.float32)
-    if NP_IN > 0:
-        p_ptrs = pin_ptr + offs_m[:, None] * stride_pim + offs_k[None, :]
-        p = tl.load(p_ptrs, mask=mask_m[:, None], other=0.0)
-        for si in tl.static_range(1, NP_IN):
-            p += tl.load(p_ptrs + si * stride_pis, mask=mask_m[:, None], other=0.0)
-        h = _round(_round(p, MODE) + h, MODE)
-        if pid_n == 0:
-            tl.store(
-                hout_ptr + offs_m[:, None] * stride_hm + offs_k[None, :],
-                h.to(hout_ptr.dtype.element_ty),
-                mask=mask_m[:, None],
-            )
-    ssq += tl.sum(h * h, axis=1)
-    w = tl.load(norm_ptr + offs_k).to(tl.float32)
-    return _round(h * w[None, :], MODE).to(x.dtype), ssq
-
-
-@triton.jit
 def _splitk_gemm_kernel(
     x_ptr,
     w_ptr,
@@ -391,11 +363,6 @@ def _splitk_gemm_kernel(
     part_ptr,
     stride_ps,
     stride_pm,
-    pin_ptr,
-    stride_pis,
-    stride_pim,
-    hout_ptr,
-    stride_hm,
     N: tl.constexpr,
     K_SPLIT: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -416,17 +383,13 @@ def _splitk_gemm_kernel(
     NB_IN_BLOCK: tl.constexpr = 1,
     EPI_ADD: tl.constexpr = False,
     SPLITS: tl.constexpr = 1,
-    SUM_IN: tl.constexpr = False,
-    NP_IN: tl.constexpr = 0,
 ):
     """Program (n block, k split): acc = x[:, slice] @ w[slice, n block]. GATE_UP: w holds [gate | up] (2N columns)
     and the program also accumulates the up columns, storing round(silu(round(g)) * round(u)) (with SPLITS > 1:
     the last program of the N block to arrive does, from the fp32 partials in ``part``); else acc is stored as fp32
     partial ``pid_s``. NORM_IN: x is the residual stream and the GEMM's input its RMSNorm
     (:func:`_norm_prologue`, written to ``scratch`` first); EPI_ADD: the last program of each N block also stores
-    residual + the product and its per-row sums of squares (:func:`_add_epilogue`); SUM_IN (one K slice, no PRE_K):
-    the GEMM's input is the RMSNorm of x + the sum of the ``NP_IN`` fp32 partials ``pin``, 1 / rms applied to the
-    product (:func:`_sum_in`, :class:`SumIn`)."""
+    residual + the product and its per-row sums of squares (:func:`_add_epilogue`)."""
     pid_n = tl.program_id(0)
     pid_s = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -458,23 +421,15 @@ def _splitk_gemm_kernel(
         if NORM_IN:
             _norm_prologue(x_ptr, scratch_ptr, ssq_ptr, norm_ptr, eps, offs_m, mask_m, k_begin, stride_xm,
                            stride_sm, stride_qm, K_SPLIT, K_TOTAL, NB_IN, NB_IN_BLOCK, PRO_K, MODE)  # fmt: skip
-    ssq_in = tl.zeros((BLOCK_M,), dtype=tl.float32)
     for k0 in tl.range(k_begin + PRE_K, k_begin + K_SPLIT, BLOCK_K, num_stages=NUM_STAGES):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         x = tl.load(x_rows + offs_k[None, :], mask=mask_m[:, None], other=0.0)
-        if SUM_IN:
-            x, ssq_in = _sum_in(x, ssq_in, pin_ptr, hout_ptr, norm_ptr, offs_m, mask_m, offs_k, pid_n, stride_pis,
-                                stride_pim, stride_hm, NP_IN, MODE)  # fmt: skip
         w_ptrs = w_ptr + offs_k[:, None].to(tl.int64) * stride_wk + offs_n[None, :].to(tl.int64) * stride_wn
         w = tl.load(w_ptrs)
         acc = _mac(acc, x, w, USE_DOT, PRECISION, UPCAST)
         if GATE_UP:
             wu = tl.load(w_ptrs + N * stride_wn)
             acc_u = _mac(acc_u, x, wu, USE_DOT, PRECISION, UPCAST)
-    if SUM_IN:
-        rstd = tl.math.rsqrt(ssq_in / K_TOTAL + eps)
-        acc = acc * rstd[:, None]
-        acc_u = acc_u * rstd[:, None]
     if GATE_UP:
         if SPLITS == 1:
             _finish_gate_up(acc, acc_u, out_ptr, offs_m, mask_m, offs_n, stride_om, MODE)
@@ -514,18 +469,6 @@ class NormIn(NamedTuple):
     eps: float
 
 
-class SumIn(NamedTuple):
-    """The input a GEMM builds in its prologue (session 40, ``SPECSERVE_FUSED_NORM=3``): ``RMSNorm(h)`` with
-    ``h = x + round(sum of partials)`` (x the residual stream, ``partials`` [S, M, K] the fp32 split-K partials of the
-    projection before, or None: h = x), i.e. the add + RMSNorm kernel between two GEMMs folded into the second one.
-    Each program reads its rows whole (one K slice), feeds ``round(h * weight)`` to the product and scales the
-    product by the rows' 1 / rms at the end, so no program waits for another's statistics."""
-
-    partials: torch.Tensor | None
-    weight: torch.Tensor
-    eps: float
-
-
 class AddOut(NamedTuple):
     """:func:`splitk_add`'s result: ``h`` = residual + x @ W [M, N] (the model dtype) and ``ssq`` [M, N / BLOCK_N]
     fp32, the sums of squares of h per row and N block (what a following :class:`NormIn` takes)."""
@@ -544,11 +487,9 @@ def _launch(
     gate_up: bool,
     norm: NormIn | None = None,
     add: tuple[torch.Tensor, AddOut] | None = None,
-    sum_in: tuple[SumIn, torch.Tensor] | None = None,
 ) -> None:
     """``norm``: the RMSNorm prologue; ``add``: (residual, outputs) of the residual-add epilogue; ``gate_up`` with
-    ``splits`` > 1: the SiLU-mul after the last program of each N block sums the partials; ``sum_in``: (the
-    :class:`SumIn` prologue, the tensor its h goes to)."""
+    ``splits`` > 1: the SiLU-mul after the last program of each N block sums the partials."""
     m, k = x.shape
     if not _tile_fits(k, n, splits, tile):
         raise ValueError(
@@ -569,15 +510,6 @@ def _launch(
         counters = _arrival_counters(x.device, n // tile.block_n)
         stride_rm, stride_ro, stride_qo = res.stride(0), res_out.stride(0), ssq_out.stride(0)
     part, stride_ps, stride_pm = x, 0, 0  # (unused)
-    pin, stride_pis, stride_pim, h_out, stride_hm, np_in = x, 0, 0, x, 0, 0  # (unused)
-    if sum_in is not None:
-        spec, h_out = sum_in
-        if splits != 1 or tile.pre:
-            raise ValueError("Triton GEMM: the SumIn prologue needs one K slice and no pre-read rows")
-        norm_w, eps, stride_hm = spec.weight, float(spec.eps), h_out.stride(0)
-        if spec.partials is not None:
-            pin, np_in = spec.partials, spec.partials.shape[0]
-            stride_pis, stride_pim = pin.stride(0), pin.stride(1)
     if gate_up and splits > 1:
         part = torch.empty((splits, m, 2 * n), dtype=torch.float32, device=x.device)
         stride_ps, stride_pm = part.stride(0), part.stride(1)
@@ -609,11 +541,6 @@ def _launch(
         part,
         stride_ps,
         stride_pm,
-        pin,
-        stride_pis,
-        stride_pim,
-        h_out,
-        stride_hm,
         N=n,
         K_SPLIT=k_split,
         BLOCK_M=16 if use_dot else 1,
@@ -634,8 +561,6 @@ def _launch(
         NB_IN_BLOCK=triton.next_power_of_2(nb_in),
         EPI_ADD=add is not None,
         SPLITS=splits,
-        SUM_IN=sum_in is not None,
-        NP_IN=np_in,
         num_warps=tile.warps,
         **pdl_kw,
     )
@@ -768,53 +693,3 @@ def gate_up_silu(
     tile = tile_for("gate_up", x.shape[0], layout_of(weight_t), x.device, (x.shape[1], intermediate, splits))
     _launch(x, weight_t, out, intermediate, splits, tile, True, norm)
     return out
-
-
-def _check_sum_in(x: torch.Tensor, spec: SumIn) -> None:
-    m, k = x.shape
-    if spec.weight.shape != (k,) or spec.weight.dtype != x.dtype:
-        raise ValueError(
-            f"SumIn: weight must be [{k}] in {x.dtype}; got {tuple(spec.weight.shape)} {spec.weight.dtype}"
-        )
-    p = spec.partials
-    if p is not None and (
-        p.dim() != 3 or p.shape[1:] != (m, k) or p.dtype != torch.float32 or p.stride(2) != 1
-    ):
-        raise ValueError(f"SumIn: partials must be fp32 [S, {m}, {k}], rows contiguous; got {tuple(p.shape)}")
-
-
-def sum_in_tile(name: str, rows: int, layout: str, device: torch.device | None, k: int, n: int) -> GemmTile:
-    """The tile of a :class:`SumIn` GEMM: :func:`tile_for`'s at one K slice, at most 2 stages (3 stages of qkv's
-    2-16-row nk tile with 4 fp32 partials to sum spill 16 bytes on sm_90)."""
-    tile = tile_for(name, rows, layout, device, (k, n, 1))
-    return tile if tile.stages <= 2 else GemmTile(tile.block_n, tile.block_k, 2, tile.warps, tile.pre)
-
-
-def sum_norm_partials(
-    x: torch.Tensor, weight_t: torch.Tensor, name: str, sum_in: SumIn
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``RMSNorm(h) @ weight_t`` for ``h`` = x + the summed partials of ``sum_in`` (:class:`SumIn`) in one kernel
-    over one K slice: (the product as fp32 partials [1, M, N], h [M, K] in x's dtype; x itself without partials)."""
-    _check(x, weight_t)
-    _check_sum_in(x, sum_in)
-    n = weight_t.shape[1]
-    out = torch.empty((1, x.shape[0], n), dtype=torch.float32, device=x.device)
-    h = x if sum_in.partials is None else torch.empty_like(x, memory_format=torch.contiguous_format)
-    tile = sum_in_tile(name, x.shape[0], layout_of(weight_t), x.device, x.shape[1], n)
-    _launch(x, weight_t, out, n, 1, tile, False, sum_in=(sum_in, h))
-    return out, h
-
-
-def sum_norm_gate_up_silu(
-    x: torch.Tensor, weight_t: torch.Tensor, intermediate: int, sum_in: SumIn
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`gate_up_silu` of ``RMSNorm(h)``, h as in :func:`sum_norm_partials`: (silu(gate) * up [M, I], h)."""
-    _check(x, weight_t)
-    _check_sum_in(x, sum_in)
-    if weight_t.shape[1] != 2 * intermediate:
-        raise ValueError(f"gate_up weight must be [K, {2 * intermediate}]; got {tuple(weight_t.shape)}")
-    out = torch.empty((x.shape[0], intermediate), dtype=x.dtype, device=x.device)
-    h = x if sum_in.partials is None else torch.empty_like(x, memory_format=torch.contiguous_format)
-    tile = sum_in_tile("gate_up", x.shape[0], layout_of(weight_t), x.device, x.shape[1], intermediate)
-    _launch(x, weight_t, out, intermediate, 1, tile, True, sum_in=(sum_in, h))
-    return out, h

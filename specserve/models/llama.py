@@ -243,8 +243,6 @@ def run_layers_fused(
     run_layer = _layer_gemv if _gemv_path(layers, h) else _layer_fused
     if split_gemm and triton_gemm and run_layer is _layer_fused and h.shape[0] <= SPLIT_MAX_ROWS:
         mode = _fused_norm_mode_for(layers, split_gemm, h)
-        if mode == 3:
-            return _run_layers_sum_norm(layers, h, positions, meta, caches, backend, norm, want, split_gemm)
         if mode:
             return _run_layers_fused_norm(
                 layers, h, positions, meta, caches, backend, norm, want, split_gemm, mode
@@ -282,13 +280,10 @@ def fused_norm_mode(rows: int) -> int:
     gate_up + SiLU-mul) start with the norm computed from the epilogue's sums of squares (``NormIn``); ``auto``
     (default) 1 for one-row steps, else 0. H200, Qwen3-8B shape (session 19, benchmarks/README.md): mode 1 a batch-1
     decode step 4.439 -> 4.374 ms, 4 rows 4.400 -> 4.544, the 16-row DFlash K=15 step 5.819 -> 6.055; mode 2 slower
-    everywhere (the prologue's L2 round trip before the weight stream). See :func:`_run_layers_fused_norm`.
-    3 (session 40): no add + RMSNorm kernel between layers: qkv and gate_up + SiLU-mul sum the partials before them
-    into the residual stream and normalise it themselves, over one K slice (:class:`SumIn`,
-    :func:`_run_layers_sum_norm`)."""
+    everywhere (the prologue's L2 round trip before the weight stream). See :func:`_run_layers_fused_norm`."""
     v = os.environ.get(FUSED_NORM_ENV, "").strip() or "auto"
-    if v not in ("0", "1", "2", "3", "auto"):
-        raise ValueError(f"{FUSED_NORM_ENV} must be 0, 1, 2, 3 or auto, got {v!r}")
+    if v not in ("0", "1", "2", "auto"):
+        raise ValueError(f"{FUSED_NORM_ENV} must be 0, 1, 2 or auto, got {v!r}")
     if v == "auto":
         return 1 if rows == 1 else 0
     return int(v)
@@ -307,10 +302,6 @@ def _fused_norm_mode_for(layers: nn.ModuleList, splits: dict[str, int], h: torch
         and layer.input_layernorm.weight.dtype == h.dtype
         and layer.post_attention_layernorm.weight.dtype == h.dtype
     )
-    if mode == 3:  # gate_up + SiLU-mul must be the one-slice Triton kernel
-        from specserve.layers.triton_splitk import gate_up_min_rows
-
-        fits = fits and h.shape[0] >= gate_up_min_rows() and splits.get("gate_up", 1) == 1
     return mode if fits else 0
 
 
@@ -372,55 +363,6 @@ def _run_layers_fused_norm(
     if len(layers) in want:
         taps[len(layers)] = entering
     return rms_norm(entering, norm.weight, norm.eps), taps
-
-
-def _run_layers_sum_norm(
-    layers: nn.ModuleList,
-    h: torch.Tensor,
-    positions: torch.Tensor,
-    meta: AttnMetadata,
-    caches: list[KVCache],
-    backend: AttentionBackend,
-    norm: RMSNorm,
-    want: set[int],
-    splits: dict[str, int],
-) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
-    """:func:`run_layers_fused` with no add + RMSNorm kernel between layers (``SPECSERVE_FUSED_NORM=3``; Triton
-    GEMMs, 2-16 rows): qkv reads the previous layer's down partials and the stream after its attention, sums them
-    into the stream entering this layer (writing it: the next residual and the tap), normalises it and multiplies
-    in one kernel over one K slice (:func:`sum_norm_partials`); gate_up + SiLU-mul does the same with o_proj's
-    partials (:func:`sum_norm_gate_up_silu`); o_proj and down_proj stay split-K. Five kernels a layer (six with the
-    attention's split merge) instead of seven; the final norm sums the last down partials. Rounding: the stream as
-    the add kernel rounds it; the product is 1 / rms x (round(h * w) @ W) instead of round(w * round(h / rms)) @ W."""
-    from specserve.layers.triton_splitk import (
-        SumIn,
-        splitk_partials,
-        sum_norm_gate_up_silu,
-        sum_norm_partials,
-    )
-
-    taps: dict[int, torch.Tensor] = {}
-    stream, parts = h, None  # the stream after the last attention (h: the embeddings) and the down partials
-    for i, mod in enumerate(layers):
-        layer = cast(DecoderLayer, mod)
-        attn, mlp = layer.self_attn, layer.mlp
-        ln, pn = layer.input_layernorm, layer.post_attention_layernorm
-        q, entering = sum_norm_partials(
-            stream, _kn_weight(attn.qkv_proj), "qkv", SumIn(parts, ln.weight, ln.eps)
-        )
-        if i in want:
-            taps[i] = entering
-        a = attn.rope_attend(_output_like(h, q), positions, meta, caches[i], backend, partials=q)
-        o = splitk_partials(a, _kn_weight(attn.o_proj), splits["o"], "o")
-        s, stream = sum_norm_gate_up_silu(
-            entering, _kn_weight(mlp.gate_up_proj), mlp.intermediate, SumIn(o, pn.weight, pn.eps)
-        )
-        parts = splitk_partials(s, _kn_weight(mlp.down_proj), splits["down"], "down")
-    assert parts is not None  # (the caller checked that there are layers)
-    out, residual = add_rms_norm(parts, stream, norm)
-    if len(layers) in want:
-        taps[len(layers)] = residual
-    return out, taps
 
 
 def _layer_fused(
