@@ -1,3 +1,4 @@
+# (the tree + staged_gemm.patch applied: git apply benchmarks/results/h200-2026-12-06-s41/staged_gemm.patch)
 # session 41, call g1 (carry [".s28q", ".s41"]): the shared-memory staged one-row o_proj / down_proj (Gluon, TMA
 # before the PDL wait; SPECSERVE_STAGED) checked and timed alone, then the Qwen3-8B-shaped plain step at batch 1,
 # A/B in one process (fresh engine per value)

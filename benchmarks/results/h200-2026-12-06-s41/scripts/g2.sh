@@ -1,3 +1,4 @@
+# (the tree + staged_gemm.patch applied; .s41/kprof.py = session 20's c1-profile/kprof.py with prompt ids in 1000-40000)
 # session 41, call g2 (carry [".s28q", ".s41"]): g1 found the staged kernels slower than splitk_add even alone
 # (~25-30 GB/s a program): the consumer side, swept here alone (more warps, 64-column tiles with and without the
 # 128-byte swizzle), then the 8B-shaped plain step A/B with the wider-warp forms
