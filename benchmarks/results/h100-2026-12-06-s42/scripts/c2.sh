@@ -1,4 +1,4 @@
-# session 42, call 2 (carry [".partB", ".s23e", ".s42"], made at once after .s42/c1g.sh on an H200): session 40's
+# session 42, call 2 (carry [".partB", ".s23e", ".s42"], made at once after c1g.sh on an H200): session 40's
 # c2.sh cut to the owed rows (#6: SmolLM2 plain and DFlash vs HF's static cache + torch.compile, H200), medians of 3
 T0=$(date +%s)
 export PYTHONPATH=/root/site:$PWD PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
