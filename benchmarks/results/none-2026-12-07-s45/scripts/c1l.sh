@@ -1,0 +1,15 @@
+# session 45, lean call (carry [".s28q", ".s45"]; whatever card comes): the Qwen3-8B-shaped plain step at batch 1
+# against the weight-read floor measured in the same run, the default interleaved with the split merge in o_proj
+# (SPECSERVE_ATTN_MERGE=gemm, new this session; with SPECSERVE_ATTN_MERGE_SKIP_EMPTY=1 empty splits are not read)
+nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem,power.limit --format=csv,noheader
+T0=$(date +%s)
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+mkdir -p /root/q3 && cp .s28q/q3/* /root/q3/ && (cd /root/q3 && python -c "import lzma,glob
+for f in glob.glob('*.xz'): open(f[:-3],'wb').write(lzma.open(f).read())" && rm -f *.xz)
+V0="SPECSERVE_PDL=1"; VG="SPECSERVE_ATTN_MERGE=gemm"; VS="SPECSERVE_ATTN_MERGE=gemm;SPECSERVE_ATTN_MERGE_SKIP_EMPTY=1"
+timeout ${T2:-330} python benchmarks/decode_env_sweep.py --config-dir /root/q3 --env - --batches 1 \
+  --tokens 256 --short-tokens 64 --reps 2 --out $OUT/sweep_plain.json \
+  --values "$V0" "$VG" "$VS" "$V0" "$VG" "$VS" "SPECSERVE_ATTN_MAX_SPLITS=4" \
+  "SPECSERVE_FUSED_NORM=2;SPECSERVE_ATTN_MERGE=fused" "$V0" > $OUT/sweep_plain.log 2>&1
+echo "rc=$?"; grep -A11 "^weight-read floor" $OUT/sweep_plain.log | cut -c1-250
+echo "[c1l] total $(( $(date +%s) - T0 )) s"
