@@ -750,8 +750,6 @@ def splitk_add(
     split-KV partials (``x`` only gives the shape and dtype); each program merges the chunks of it that it loads
     (no merge kernel, no round trip of the merged row). Where the tile does not allow it (more than one row, a
     ``pre`` tile, BLOCK_K not dividing the head dim) the merge kernel runs first."""
-    if merge is not None:  # (x views merge.out, which the merge kernel fills where the GEMM cannot merge)
-        merge = _mergeable(x, weight_t, splits, name, merge)
     _check(x, weight_t)
     n = weight_t.shape[1]
     if residual.shape != (x.shape[0], n) or residual.dtype != x.dtype or residual.stride(1) != 1:
@@ -760,6 +758,8 @@ def splitk_add(
             f"{residual.dtype}"
         )
     tile = tile_for(name, x.shape[0], layout_of(weight_t), x.device, (x.shape[1], n, splits))
+    if merge is not None:  # (x views merge.out, which the merge kernel fills where the GEMM cannot merge)
+        merge = _mergeable(x, weight_t.shape[0], tile, merge)
     out = torch.empty((splits, x.shape[0], n), dtype=torch.float32, device=x.device)
     res = AddOut(
         torch.empty((x.shape[0], n), dtype=x.dtype, device=x.device),
@@ -769,15 +769,12 @@ def splitk_add(
     return res
 
 
-def _mergeable(
-    x: torch.Tensor, weight_t: torch.Tensor, splits: int, name: str, merge: SplitPartials
-) -> SplitPartials | None:
-    """``merge`` if :func:`splitk_add` can merge it while loading x, else None after running the merge kernel
-    into ``merge.out`` (which ``x`` views)."""
+def _mergeable(x: torch.Tensor, k: int, tile: GemmTile, merge: SplitPartials) -> SplitPartials | None:
+    """``merge`` if :func:`splitk_add` can merge it while loading x (K = ``k``) with ``tile``, else None after
+    running the merge kernel into ``merge.out`` (which ``x`` views)."""
     from specserve.layers.triton_attention import merge_split_partials
 
     s, _, h, d = merge.part_out.shape
-    k = weight_t.shape[0]
     if merge.part_lse.shape[0] != s or merge.part_lse.shape[2] != h or h * d != k:
         raise ValueError(
             f"split partials [S, T, H, D] = {tuple(merge.part_out.shape)} / lse {tuple(merge.part_lse.shape)} do "
@@ -785,7 +782,6 @@ def _mergeable(
         )
     if merge.part_out.stride(3) != 1 or merge.part_lse.stride(2) != 1 or x.shape[0] != merge.out.shape[0]:
         raise ValueError("split partials must be contiguous in their last dimension, one row per output row")
-    tile = tile_for(name, x.shape[0], layout_of(weight_t), x.device, (k, weight_t.shape[1], splits))
     if x.shape[0] == 1 and tile.pre == 0 and d % tile.block_k == 0:
         return merge
     merge_split_partials(merge)

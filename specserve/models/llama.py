@@ -358,11 +358,9 @@ def _run_layers_fused_norm(
         a = attn.rope_attend(
             _output_like(h, parts), positions, meta, caches[i], backend, partials=parts, defer_merge=defer
         )
-        if isinstance(a, SplitPartials):  # o_proj merges the attention's split-KV partials as it loads them
-            o_in = a.out.view(a.out.shape[0], -1)
-            after_attn, ssq = splitk_add(o_in, _kn_weight(attn.o_proj), splits["o"], "o", entering, merge=a)
-        else:
-            after_attn, ssq = splitk_add(a, _kn_weight(attn.o_proj), splits["o"], "o", entering)
+        merge = a if isinstance(a, SplitPartials) else None  # o_proj merges the partials as it loads them
+        o_in = a.out.view(a.out.shape[0], -1) if merge is not None else a
+        after_attn, ssq = splitk_add(o_in, _kn_weight(attn.o_proj), splits["o"], "o", entering, merge=merge)
         if prologue and triton_gate_up:
             nin = NormIn(ssq, pn.weight, pn.eps)
             s = gate_up_silu(after_attn, _kn_weight(mlp.gate_up_proj), mlp.intermediate, nin, gate_up_splits)
