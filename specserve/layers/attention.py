@@ -78,12 +78,9 @@ class AttentionBackend:
         causal: bool,
         sliding_window: int | None,
         scale: float,
-        defer_merge: bool = False,
-    ) -> Any:
+    ) -> torch.Tensor:
         """Fused path: ``rope_store`` (q/k norm, RoPE, K/V store from the qkv GEMM's output or split-K partials)
-        then ``attend``; returns [T, num_heads, head_dim]. The Triton backend does both in one kernel.
-        ``defer_merge``: the caller can merge split-KV partials itself (the Triton backend may then return
-        :class:`~specserve.layers.triton_attention.SplitPartials`; this path always merges)."""
+        then ``attend``; returns [T, num_heads, head_dim]. The Triton backend does both in one kernel."""
         from specserve.layers.triton_fused import rope_store
 
         hk, d = k_cache.shape[2], k_cache.shape[3]
@@ -148,9 +145,7 @@ class TritonAttentionBackend(AttentionBackend):
             q, k_cache, v_cache, *args, causal=causal, sliding_window=sliding_window, scale=scale, **kw
         )
 
-    def rope_store_attend(
-        self, rope, num_heads, k_cache, v_cache, meta, *, causal, sliding_window, scale, defer_merge=False
-    ):  # type: ignore[no-untyped-def]
+    def rope_store_attend(self, rope, num_heads, k_cache, v_cache, meta, *, causal, sliding_window, scale):  # type: ignore[no-untyped-def]
         """One kernel where each request's queries fit one query tile (decode, verify, a DFlash block):
         :func:`~specserve.layers.triton_attention.rope_store_paged_attention` (``SPECSERVE_FUSED_ROPE_ATTN=0``:
         ``rope_store`` + ``paged_attention`` always)."""
@@ -166,7 +161,6 @@ class TritonAttentionBackend(AttentionBackend):
             causal=causal,
             sliding_window=sliding_window,
             scale=scale,
-            defer_merge=defer_merge,
             **kw,
         )
 

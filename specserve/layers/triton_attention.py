@@ -32,10 +32,7 @@ Design (DESIGN.md §4: batch 1-8 decode and spec verify are bound by bytes read 
   stream-ordered (one stream, as the engine runs). Measured on the H200 (session 7, benchmarks/README.md) the fused
   merge is correct (200 graph replays with new metadata per shape) but slower: the last split's serial merge after
   the atomic costs more than the launch it saves (Qwen3-8B batch-1 decode: 9.2 us per layer vs 5.6 + 2.6; a DFlash
-  K=15 step 7.19 vs 6.60 ms), so it is opt-in. ``gemm``: a caller that asks for it (``defer_merge``: the
-  one-row decode step's o_proj, models/llama.py) gets the partials (:class:`SplitPartials`) instead of ``out`` and
-  merges them as it loads its input (``splitk_add``'s ``merge``, layers/triton_splitk.py): no merge launch and no
-  round trip of the merged rows; every other caller gets the ``kernel`` merge.
+  K=15 step 7.19 vs 6.60 ms), so it is opt-in.
 
 * ``rope_store_paged_attention``: ``rope_store`` (q / k RMSNorm, RoPE, K/V store from the qkv GEMM's output or its
   split-K partials) folded into the attention kernel where each request's queries fit one query tile. Each program
@@ -638,26 +635,7 @@ def merge_warps(tile: int) -> int:
 
 
 MERGE_ENV = "SPECSERVE_ATTN_MERGE"
-_MERGE_MODES = ("fused", "kernel", "gemm")
-
-
-class SplitPartials(NamedTuple):
-    """The split-KV partials of an attention whose merge was left to its consumer (``defer_merge`` with
-    ``SPECSERVE_ATTN_MERGE=gemm``): output ``i`` = sum_s w_s * part_out[s, i] / sum_s w_s with w_s =
-    exp2(part_lse[s, i] - max_s part_lse[s, i]) per (token, head), as the merge kernel computes it (empty splits
-    hold lse -inf and zeros)."""
-
-    out: torch.Tensor  # [T, H, D]: not written (its shape and dtype are the merged output's)
-    part_out: torch.Tensor  # [S, T_pad, H, D] fp32
-    part_lse: torch.Tensor  # [S, T_pad, H] fp32
-
-
-def merge_in_gemm() -> bool:
-    """``SPECSERVE_ATTN_MERGE=gemm`` (read per call, i.e. per graph capture): the o_proj GEMM of a one-row step
-    merges the attention's split-KV partials itself."""
-    return _merge_mode() == "gemm"
-
-
+_MERGE_MODES = ("fused", "kernel")
 _MIN_COUNTERS = 1 << 16
 _counters: dict[tuple[str, int], torch.Tensor] = {}  # current arrival-counter buffer per device
 _counters_alive: list[torch.Tensor] = []  # every buffer ever handed out (captured graphs hold raw pointers)
@@ -737,10 +715,8 @@ def paged_attention(
     out: torch.Tensor | None = None,
     num_splits: int | None = None,
     config: AttentionConfig | None = None,
-    defer_merge: bool = False,
-) -> torch.Tensor | SplitPartials:
-    """Varlen paged attention; returns ``out`` [T, num_heads, head_dim] in ``q``'s dtype (with ``defer_merge``
-    and ``SPECSERVE_ATTN_MERGE=gemm``, a split launch returns its unmerged :class:`SplitPartials` instead).
+) -> torch.Tensor:
+    """Varlen paged attention; returns ``out`` [T, num_heads, head_dim] in ``q``'s dtype.
 
     ``max_query_len`` (host int, >= every request's q_len; static per CUDA-graph bucket) and ``max_seq_len``
     (optional host upper bound on seq_lens, used only to choose the KV split count) are the only sizes read on
@@ -758,7 +734,7 @@ def paged_attention(
     return _attention(
         q, None, q.shape[0], q.shape[1], q.shape[2], q.dtype, k_cache, v_cache, query_start_loc, seq_lens,
         block_tables, causal=causal, sliding_window=sliding_window, scale=scale, max_query_len=max_query_len,
-        max_seq_len=max_seq_len, out=out, num_splits=num_splits, config=config, defer_merge=defer_merge,
+        max_seq_len=max_seq_len, out=out, num_splits=num_splits, config=config,
     )  # fmt: skip
 
 
@@ -779,8 +755,7 @@ def rope_store_paged_attention(
     out: torch.Tensor | None = None,
     num_splits: int | None = None,
     config: AttentionConfig | None = None,
-    defer_merge: bool = False,
-) -> torch.Tensor | SplitPartials:
+) -> torch.Tensor:
     """``rope_store`` (split of the qkv GEMM output, q / k RMSNorm, RoPE, K/V store by slot) followed by
     :func:`paged_attention`, as one kernel where every request's queries fit one query tile (decode, speculative
     verify, a DFlash block: ``max_query_len`` <= the tile's queries); otherwise the two launches. Returns ``out``
@@ -815,7 +790,7 @@ def rope_store_paged_attention(
         return paged_attention(
             q, k_cache, v_cache, query_start_loc, seq_lens, block_tables, causal=causal,
             sliding_window=sliding_window, scale=scale, max_query_len=max_query_len, max_seq_len=max_seq_len,
-            out=out, num_splits=num_splits, config=config, defer_merge=defer_merge,
+            out=out, num_splits=num_splits, config=config,
         )  # fmt: skip
     check_rope_store_args(
         rope.qkv, rope.partials, rope.positions, rope.cos, rope.sin, rope.q_norm_weight, rope.k_norm_weight,
@@ -825,7 +800,7 @@ def rope_store_paged_attention(
     return _attention(
         None, rope, t, num_heads, d, qkv.dtype, k_cache, v_cache, query_start_loc, seq_lens, block_tables,
         causal=causal, sliding_window=sliding_window, scale=scale, max_query_len=max_query_len,
-        max_seq_len=max_seq_len, out=out, num_splits=num_splits, config=cfg, defer_merge=defer_merge,
+        max_seq_len=max_seq_len, out=out, num_splits=num_splits, config=cfg,
     )  # fmt: skip
 
 
@@ -873,8 +848,7 @@ def _attention(
     out: torch.Tensor | None,
     num_splits: int | None,
     config: AttentionConfig | None,
-    defer_merge: bool = False,
-) -> torch.Tensor | SplitPartials:
+) -> torch.Tensor:
     """The launch shared by :func:`paged_attention` (``q`` given) and :func:`rope_store_paged_attention` (``rope``
     given: q and the new K/V computed in the kernel; the caller checked that one query tile holds each request)."""
     _, block_size, hk, dk = k_cache.shape
@@ -919,9 +893,7 @@ def _attention(
     scale = d**-0.5 if scale is None else float(scale)
     precision = "ieee" if dtype == torch.float32 else "tf32"
 
-    mode = _merge_mode()
-    fused = num_splits > 1 and mode == "fused"
-    deferred = num_splits > 1 and mode == "gemm" and defer_merge
+    fused = num_splits > 1 and _merge_mode() == "fused"
     counters = _merge_counters(device, b * hk * q_tiles) if fused else seq_lens  # seq_lens: unused
     if num_splits > 1:
         # rows padded to a multiple of 16: the split strides (kernel arguments) then do not depend on the row count
@@ -1002,37 +974,21 @@ def _attention(
         **rope_const,
         **pdl_kw,
     )
-    if deferred:
-        return SplitPartials(out, part_out, part_lse)
     if num_splits > 1 and not fused:
-        merge_split_partials(SplitPartials(out, part_out, part_lse))
-    return out
-
-
-def merge_split_partials(sp: SplitPartials) -> torch.Tensor:
-    """The merge kernel over ``sp``'s partials into ``sp.out`` (returned): one small CTA per (token, head)."""
-    part_out, part_lse, out = sp.part_out, sp.part_lse, sp.out
-    num_splits, (t, h, d) = part_out.shape[0], out.shape
-    block_d = max(16, triton.next_power_of_2(d))
-    splits_pad = max(2, triton.next_power_of_2(num_splits))
-    pdl, pdl_kw = pdl_launch(out.device, "merge")
-    _merge_splits_kernel[(t, h)](
-        part_out,
-        part_lse,
-        out,
-        part_out.stride(0),
-        part_out.stride(1),
-        part_out.stride(2),
-        part_lse.stride(0),
-        part_lse.stride(1),
-        out.stride(0),
-        out.stride(1),
-        HEAD_DIM=d,
-        BLOCK_D=block_d,
-        NUM_SPLITS=num_splits,
-        SPLITS_PAD=splits_pad,
-        PDL=pdl,
-        num_warps=merge_warps(splits_pad * block_d),
-        **pdl_kw,
-    )
+        splits_pad = max(2, triton.next_power_of_2(num_splits))
+        _merge_splits_kernel[(t, h)](
+            part_out,
+            part_lse,
+            out,
+            *p_strides,
+            out.stride(0),
+            out.stride(1),
+            HEAD_DIM=d,
+            BLOCK_D=block_d,
+            NUM_SPLITS=num_splits,
+            SPLITS_PAD=splits_pad,
+            PDL=pdl_launch(device, "merge")[0],
+            num_warps=merge_warps(splits_pad * block_d),
+            **pdl_kw,
+        )
     return out

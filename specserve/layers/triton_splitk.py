@@ -33,10 +33,6 @@ ends o_proj / down_proj with the residual add (the last program of each output b
 counter, sums the partials, adds the residual and writes the block's sums of squares), and a :class:`NormIn` prologue
 lets qkv / gate_up normalise their input from those sums. H200, Qwen3-8B shape: the epilogue saves ~1.5% of a one-row
 decode step (on by default there) and costs at 16 rows; the prologue measured slower (benchmarks/README.md).
-At one row :func:`splitk_add` can also take the attention's split-KV partials instead of its merged output
-(``merge``, ``SPECSERVE_ATTN_MERGE=gemm``, session 45): each program merges the BLOCK_K chunks of the attention
-output it loads (:func:`_merge_load`, the merge kernel's arithmetic), so the merge kernel and the round trip of the
-merged row leave the layer's chain without a scratch buffer or a barrier (unlike the norm prologue).
 
 Weights: a large target's transposed [K, N] ``weight_t`` (TransposedLinear), or a small target's nn.Linear weight
 passed as the view ``weight.t()`` (K contiguous; :func:`layout_of`, own default tiles). Small targets run their
@@ -61,16 +57,13 @@ from __future__ import annotations
 import functools
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 
 from specserve.layers.triton_fused import _mode, _pdl_wait, _round, pdl_launch
-
-if TYPE_CHECKING:
-    from specserve.layers.triton_attention import SplitPartials
 
 __all__ = [
     "GemmTile",
@@ -150,9 +143,6 @@ _DEVICE_TILES = {
     },
 }
 _NAMES = ("qkv", "o", "gate_up", "down")
-# ``SPECSERVE_ATTN_MERGE_SKIP_EMPTY=1`` (read per launch, i.e. per graph capture; off by default): the split merge in
-# o_proj (``splitk_add``'s ``merge``) reads no partials of empty splits, at the price of a load that waits for the lse
-MERGE_SKIP_ENV = "SPECSERVE_ATTN_MERGE_SKIP_EMPTY"
 
 
 @functools.lru_cache(maxsize=8)
@@ -347,30 +337,6 @@ def _finish_gate_up(acc, acc_u, out_ptr, offs_m, mask_m, offs_n, stride_om, MODE
 
 
 @triton.jit
-def _merge_load(mo_ptr, ml_ptr, k0, stride_mps, stride_mph, stride_mls, BLOCK_K: tl.constexpr, MSPL: tl.constexpr,
-                MSPL_PAD: tl.constexpr, HEAD_D: tl.constexpr, SKIP_EMPTY: tl.constexpr):  # fmt: skip
-    """Input elements k0 .. k0 + BLOCK_K (inside one head: BLOCK_K divides HEAD_D) of a one-row attention output
-    from its split-KV partials, with the merge kernel's arithmetic (``_merge_splits_kernel``: weights
-    exp2(lse - max lse), empty splits -inf / zeros): fp32 [BLOCK_K]. SKIP_EMPTY: the partials of splits with lse
-    -inf (no key: zeros, weight 0) are not read (a masked load after the lse's)."""
-    head = k0 // HEAD_D
-    d0 = k0 - head * HEAD_D
-    offs_s = tl.arange(0, MSPL_PAD).to(tl.int64)
-    s_valid = offs_s < MSPL
-    lse = tl.load(ml_ptr + offs_s * stride_mls + head, mask=s_valid, other=float("-inf"))
-    m = tl.max(lse, 0)
-    w = tl.exp2(lse - tl.where(m == float("-inf"), 0.0, m))
-    p_mask = s_valid & (lse > float("-inf")) if SKIP_EMPTY else s_valid
-    part = tl.load(
-        mo_ptr + offs_s[:, None] * stride_mps + head * stride_mph + d0 + tl.arange(0, BLOCK_K)[None, :],
-        mask=p_mask[:, None],
-        other=0.0,
-    )
-    den = tl.sum(w, 0)
-    return tl.sum(part * w[:, None], 0) / tl.where(den > 0.0, den, 1.0)
-
-
-@triton.jit
 def _splitk_gemm_kernel(
     x_ptr,
     w_ptr,
@@ -397,11 +363,6 @@ def _splitk_gemm_kernel(
     part_ptr,
     stride_ps,
     stride_pm,
-    mo_ptr,
-    ml_ptr,
-    stride_mps,
-    stride_mph,
-    stride_mls,
     N: tl.constexpr,
     K_SPLIT: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -422,20 +383,13 @@ def _splitk_gemm_kernel(
     NB_IN_BLOCK: tl.constexpr = 1,
     EPI_ADD: tl.constexpr = False,
     SPLITS: tl.constexpr = 1,
-    MERGE_IN: tl.constexpr = False,
-    MSPL: tl.constexpr = 1,
-    MSPL_PAD: tl.constexpr = 2,
-    HEAD_D: tl.constexpr = 1,
-    SKIP_EMPTY: tl.constexpr = False,
 ):
     """Program (n block, k split): acc = x[:, slice] @ w[slice, n block]. GATE_UP: w holds [gate | up] (2N columns)
     and the program also accumulates the up columns, storing round(silu(round(g)) * round(u)) (with SPLITS > 1:
     the last program of the N block to arrive does, from the fp32 partials in ``part``); else acc is stored as fp32
     partial ``pid_s``. NORM_IN: x is the residual stream and the GEMM's input its RMSNorm
     (:func:`_norm_prologue`, written to ``scratch`` first); EPI_ADD: the last program of each N block also stores
-    residual + the product and its per-row sums of squares (:func:`_add_epilogue`). MERGE_IN (one row): x is the
-    merge of an attention's MSPL split-KV partials (``mo`` [S, ., H, HEAD_D], ``ml`` [S, ., H]), computed for each
-    BLOCK_K chunk as it is loaded (:func:`_merge_load`)."""
+    residual + the product and its per-row sums of squares (:func:`_add_epilogue`)."""
     pid_n = tl.program_id(0)
     pid_s = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -469,23 +423,7 @@ def _splitk_gemm_kernel(
                            stride_sm, stride_qm, K_SPLIT, K_TOTAL, NB_IN, NB_IN_BLOCK, PRO_K, MODE)  # fmt: skip
     for k0 in tl.range(k_begin + PRE_K, k_begin + K_SPLIT, BLOCK_K, num_stages=NUM_STAGES):
         offs_k = k0 + tl.arange(0, BLOCK_K)
-        if MERGE_IN:
-            xm = _merge_load(
-                mo_ptr,
-                ml_ptr,
-                k0,
-                stride_mps,
-                stride_mph,
-                stride_mls,
-                BLOCK_K,
-                MSPL,
-                MSPL_PAD,
-                HEAD_D,
-                SKIP_EMPTY,
-            )
-            x = xm.to(x_ptr.dtype.element_ty)[None, :]
-        else:
-            x = tl.load(x_rows + offs_k[None, :], mask=mask_m[:, None], other=0.0)
+        x = tl.load(x_rows + offs_k[None, :], mask=mask_m[:, None], other=0.0)
         w_ptrs = w_ptr + offs_k[:, None].to(tl.int64) * stride_wk + offs_n[None, :].to(tl.int64) * stride_wn
         w = tl.load(w_ptrs)
         acc = _mac(acc, x, w, USE_DOT, PRECISION, UPCAST)
@@ -549,11 +487,9 @@ def _launch(
     gate_up: bool,
     norm: NormIn | None = None,
     add: tuple[torch.Tensor, AddOut] | None = None,
-    merge: SplitPartials | None = None,
 ) -> None:
     """``norm``: the RMSNorm prologue; ``add``: (residual, outputs) of the residual-add epilogue; ``gate_up`` with
-    ``splits`` > 1: the SiLU-mul after the last program of each N block sums the partials; ``merge``: x (one row)
-    is the merge of these split-KV partials (``x`` itself only gives the shape and dtype)."""
+    ``splits`` > 1: the SiLU-mul after the last program of each N block sums the partials."""
     m, k = x.shape
     if not _tile_fits(k, n, splits, tile):
         raise ValueError(
@@ -578,11 +514,6 @@ def _launch(
         part = torch.empty((splits, m, 2 * n), dtype=torch.float32, device=x.device)
         stride_ps, stride_pm = part.stride(0), part.stride(1)
         counters = _arrival_counters(x.device, n // tile.block_n)
-    mo = ml = x  # (unused)
-    m_strides, mspl, head_d = (0, 0, 0), 1, 1
-    if merge is not None:
-        mo, ml = merge.part_out, merge.part_lse
-        m_strides, mspl, head_d = (mo.stride(0), mo.stride(2), ml.stride(0)), mo.shape[0], mo.shape[3]
     pdl, pdl_kw = pdl_launch(x.device)
     _splitk_gemm_kernel[(n // tile.block_n, splits)](
         x,
@@ -610,9 +541,6 @@ def _launch(
         part,
         stride_ps,
         stride_pm,
-        mo,
-        ml,
-        *m_strides,
         N=n,
         K_SPLIT=k_split,
         BLOCK_M=16 if use_dot else 1,
@@ -633,21 +561,9 @@ def _launch(
         NB_IN_BLOCK=triton.next_power_of_2(nb_in),
         EPI_ADD=add is not None,
         SPLITS=splits,
-        MERGE_IN=merge is not None,
-        MSPL=mspl,
-        MSPL_PAD=max(2, triton.next_power_of_2(mspl)),
-        HEAD_D=head_d,
-        SKIP_EMPTY=merge is not None and _merge_skip_empty(),
         num_warps=tile.warps,
         **pdl_kw,
     )
-
-
-def _merge_skip_empty() -> bool:
-    raw = os.environ.get(MERGE_SKIP_ENV, "").strip() or "0"
-    if raw not in ("0", "1"):
-        raise ValueError(f"{MERGE_SKIP_ENV} must be 0 or 1, got {raw!r}")
-    return raw == "1"
 
 
 def _prologue_chunk(k_split: int, cap: int) -> int:
@@ -734,22 +650,12 @@ def splitk_partials(
 
 
 def splitk_add(
-    x: torch.Tensor,
-    weight_t: torch.Tensor,
-    splits: int,
-    name: str,
-    residual: torch.Tensor,
-    merge: SplitPartials | None = None,
+    x: torch.Tensor, weight_t: torch.Tensor, splits: int, name: str, residual: torch.Tensor
 ) -> AddOut:
     """``h = residual + x @ weight_t`` (the product rounded to x's dtype, then the add in it: the torch path's
     ``h = h + proj(x)``) in one kernel: the split-K partials are summed by the last program of each N block to
     finish, which also writes h's per-row sums of squares per block (the next RMSNorm's statistics, for a
-    :class:`NormIn` prologue). No add + RMSNorm kernel.
-
-    ``merge`` (``SPECSERVE_ATTN_MERGE=gemm``): x is an attention output [1, H * D] not yet merged from these
-    split-KV partials (``x`` only gives the shape and dtype); each program merges the chunks of it that it loads
-    (no merge kernel, no round trip of the merged row). Where the tile does not allow it (more than one row, a
-    ``pre`` tile, BLOCK_K not dividing the head dim) the merge kernel runs first."""
+    :class:`NormIn` prologue). No add + RMSNorm kernel."""
     _check(x, weight_t)
     n = weight_t.shape[1]
     if residual.shape != (x.shape[0], n) or residual.dtype != x.dtype or residual.stride(1) != 1:
@@ -758,34 +664,13 @@ def splitk_add(
             f"{residual.dtype}"
         )
     tile = tile_for(name, x.shape[0], layout_of(weight_t), x.device, (x.shape[1], n, splits))
-    if merge is not None:  # (x views merge.out, which the merge kernel fills where the GEMM cannot merge)
-        merge = _mergeable(x, weight_t.shape[0], tile, merge)
     out = torch.empty((splits, x.shape[0], n), dtype=torch.float32, device=x.device)
     res = AddOut(
         torch.empty((x.shape[0], n), dtype=x.dtype, device=x.device),
         torch.empty((x.shape[0], n // tile.block_n), dtype=torch.float32, device=x.device),
     )
-    _launch(x, weight_t, out, n, splits, tile, False, None, (residual, res), merge)
+    _launch(x, weight_t, out, n, splits, tile, False, None, (residual, res))
     return res
-
-
-def _mergeable(x: torch.Tensor, k: int, tile: GemmTile, merge: SplitPartials) -> SplitPartials | None:
-    """``merge`` if :func:`splitk_add` can merge it while loading x (K = ``k``) with ``tile``, else None after
-    running the merge kernel into ``merge.out`` (which ``x`` views)."""
-    from specserve.layers.triton_attention import merge_split_partials
-
-    s, _, h, d = merge.part_out.shape
-    if merge.part_lse.shape[0] != s or merge.part_lse.shape[2] != h or h * d != k:
-        raise ValueError(
-            f"split partials [S, T, H, D] = {tuple(merge.part_out.shape)} / lse {tuple(merge.part_lse.shape)} do "
-            f"not match the GEMM's K={k}"
-        )
-    if merge.part_out.stride(3) != 1 or merge.part_lse.stride(2) != 1 or x.shape[0] != merge.out.shape[0]:
-        raise ValueError("split partials must be contiguous in their last dimension, one row per output row")
-    if x.shape[0] == 1 and tile.pre == 0 and d % tile.block_k == 0:
-        return merge
-    merge_split_partials(merge)
-    return None
 
 
 def gate_up_silu(

@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Iterable
-from typing import Any, cast
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -99,13 +99,11 @@ class Attention(nn.Module):
         cache: KVCache,
         backend: AttentionBackend,
         partials: torch.Tensor | None = None,
-        defer_merge: bool = False,
-    ) -> Any:
+    ) -> torch.Tensor:
         """Fused path: split ``qkv``, q/k norm, RoPE, K/V store (``rope_store``), then attention over the paged
         cache: [T, num_heads * head_dim]. ``partials``: the qkv GEMM's split-K fp32 partials (``qkv`` then only gives
         the shape and dtype). The Triton backend runs both as one kernel at decode steps
-        (``backend.rope_store_attend``). ``defer_merge``: the caller merges split-KV partials itself, so the
-        result may be the attention's unmerged ``SplitPartials`` (layers/triton_attention.py)."""
+        (``backend.rope_store_attend``)."""
         from specserve.layers.triton_attention import RopeStoreInputs
 
         qn, kn = self.q_norm, self.k_norm
@@ -129,9 +127,8 @@ class Attention(nn.Module):
             causal=self.causal and meta.causal,
             sliding_window=self.sliding_window,
             scale=self.scale,
-            defer_merge=defer_merge,
         )
-        return o if not isinstance(o, torch.Tensor) else o.reshape(-1, self.q_size)
+        return o.reshape(-1, self.q_size)
 
     def attend(
         self, q: torch.Tensor, meta: AttnMetadata, cache: KVCache, backend: AttentionBackend
@@ -327,7 +324,6 @@ def _run_layers_fused_norm(
     ``rms_norm`` kernels on those rows; mode 2: qkv (and the Triton gate_up + SiLU-mul, from ``gate_up_min_rows``)
     compute the norm in their prologue from the sums of squares (``NormIn``; the first layer's input norm stays a
     kernel). Same rounding points as the other paths; the norms' sums of squares add in another order (fp32)."""
-    from specserve.layers.triton_attention import SplitPartials, merge_in_gemm
     from specserve.layers.triton_fused import rms_norm, silu_mul
     from specserve.layers.triton_splitk import (
         NormIn,
@@ -339,8 +335,6 @@ def _run_layers_fused_norm(
 
     prologue = mode == 2
     triton_gate_up = h.shape[0] >= gate_up_min_rows()
-    # SPECSERVE_ATTN_MERGE=gemm: at one row o_proj merges the attention's split-KV partials (no merge kernel)
-    defer = h.shape[0] == 1 and merge_in_gemm()
     gate_up_splits = splits.get("gate_up", 1)
     taps: dict[int, torch.Tensor] = {}
     entering, ssq = h, None
@@ -355,12 +349,8 @@ def _run_layers_fused_norm(
             parts = splitk_partials(entering, w_qkv, splits["qkv"], "qkv", NormIn(ssq, ln.weight, ln.eps))
         else:  # (the embeddings have no sums of squares)
             parts = splitk_partials(rms_norm(entering, ln.weight, ln.eps), w_qkv, splits["qkv"], "qkv")
-        a = attn.rope_attend(
-            _output_like(h, parts), positions, meta, caches[i], backend, partials=parts, defer_merge=defer
-        )
-        merge = a if isinstance(a, SplitPartials) else None  # o_proj merges the partials as it loads them
-        o_in = a.out.view(a.out.shape[0], -1) if merge is not None else a
-        after_attn, ssq = splitk_add(o_in, _kn_weight(attn.o_proj), splits["o"], "o", entering, merge=merge)
+        a = attn.rope_attend(_output_like(h, parts), positions, meta, caches[i], backend, partials=parts)
+        after_attn, ssq = splitk_add(a, _kn_weight(attn.o_proj), splits["o"], "o", entering)
         if prologue and triton_gate_up:
             nin = NormIn(ssq, pn.weight, pn.eps)
             s = gate_up_silu(after_attn, _kn_weight(mlp.gate_up_proj), mlp.intermediate, nin, gate_up_splits)
