@@ -160,7 +160,10 @@ def test_add_rms_norm_sums_split_partials(dtype, splits):
 
 
 def test_split_gemm_config(monkeypatch):
-    from specserve.layers.linear import split_gemm_config
+    from specserve.layers import linear
+    from specserve.layers.linear import gpu_name, split_gemm_config
+
+    assert gpu_name("cpu") == ""
 
     monkeypatch.delenv("SPECSERVE_SPLIT_GEMM", raising=False)
     assert split_gemm_config("cuda", "kn") == {"qkv": 4, "o": 4, "down": 4}  # the measured default
@@ -176,6 +179,14 @@ def test_split_gemm_config(monkeypatch):
     assert split_gemm_config("cuda", "kn", triton_gemm=True) == {"qkv": 8, "o": 8, "down": 8}
     assert split_gemm_config("cuda", "nk", triton_gemm=True) == {"qkv": 3, "o": 3, "down": 4}
     assert split_gemm_config("cpu", "nk", triton_gemm=True) == {}
+    # a GPU's own Triton splits (an H100 by name: session 46), for the transposed layout only
+    monkeypatch.setattr(linear, "gpu_name", lambda device: "NVIDIA H100 80GB HBM3")
+    assert split_gemm_config("cuda", "kn", triton_gemm=True) == {"qkv": 4, "o": 8, "down": 8}
+    assert split_gemm_config("cuda", "nk", triton_gemm=True) == {"qkv": 3, "o": 3, "down": 4}
+    assert split_gemm_config("cuda", "kn") == {"qkv": 4, "o": 4, "down": 4}  # cuBLAS path: unchanged
+    monkeypatch.setattr(linear, "gpu_name", lambda device: "NVIDIA H200")
+    assert split_gemm_config("cuda", "kn", triton_gemm=True) == {"qkv": 8, "o": 8, "down": 8}
+    monkeypatch.setattr(linear, "gpu_name", lambda device: "NVIDIA H100 80GB HBM3")
     monkeypatch.setenv("SPECSERVE_SPLIT_GEMM", "qkv=2,gate_up=2")
     assert split_gemm_config("cuda", "kn") == {"qkv": 2}  # gate_up splits only on the Triton kernel
     assert split_gemm_config("cuda", "kn", triton_gemm=True) == {"qkv": 2, "gate_up": 2}
@@ -471,7 +482,8 @@ def test_triton_splitk_rejects_bad_shapes_and_settings(monkeypatch):
     h100 = ts._DEVICE_TILES["H100"][("qkv", 1)]
     assert h100 != ts.tile_for("qkv", 1) == ts.tile_for("qkv", 1, "kn", torch.device("cpu"))
     assert ts.tile_for("qkv", 1, "kn", cuda) == ts.tile_for("qkv", 1, "kn", cuda, (4096, 6144, 8)) == h100
-    assert ts.tile_for("qkv", 1, "kn", cuda, (4096, 6144 - 256, 8)) == ts.tile_for("qkv", 1)  # N % 512 != 0
+    assert ts.tile_for("qkv", 1, "kn", cuda, (4096, 6144, 4)) == h100  # the H100's own split (linear.py)
+    assert ts.tile_for("qkv", 1, "kn", cuda, (4096, 6144 - 64, 8)) == ts.tile_for("qkv", 1)  # N % 128 != 0
     assert ts.tile_for("qkv", 1, "nk", cuda) == ts.tile_for("qkv", 1, "nk")
     assert ts.tile_for("o", 1, "kn", cuda) == ts.tile_for("o", 1)  # no entry of its own
     assert ts.tile_for("gate_up", 16, "kn", cuda) == ts._DEVICE_TILES["H100"][("gate_up", 16)]

@@ -137,6 +137,11 @@ SPLIT_MAX_ROWS = 16  # split-K partials only for decode / verify steps of at mos
 DEFAULT_SPLIT_GEMM = "qkv=4,o=4,down=4"
 # Session 13 (h200-2026-12-03-s13/c1): the Triton split-K kernels (layers/triton_splitk.py) stream best at 8 splits
 DEFAULT_SPLIT_GEMM_TRITON = "qkv=8,o=8,down=8"
+# Per GPU (a substring of its name): the Triton splits where that GPU's own engine A/B found others faster. H100 SXM
+# (session 46, benchmarks/results/h100-2026-12-07-s46, Qwen3-8B shape, with its 128:32:4:4 one-row qkv tile):
+# qkv over 4 K slices, the plain step at batch 1 5.754 -> 5.724 ms, DFlash K=15 7.485 -> 7.379, EAGLE-3 K=7 10.963
+# -> 10.872 (the attention sums 4 qkv partials instead of 8 on its critical path).
+DEVICE_SPLIT_GEMM_TRITON = {"H100": "qkv=4,o=8,down=8"}
 # Small targets (nn.Linear's layout): their 2-16-row steps (speculative verify, the DFlash drafter's block) take the
 # Triton split-K kernels too, with fewer splits (a few-MB weight: K 576 / 1536 for SmolLM2-135M)
 DEFAULT_SPLIT_GEMM_TRITON_NK = "qkv=3,o=3,down=4"
@@ -155,20 +160,34 @@ def triton_gemm_enabled(device: torch.device | str) -> bool:
     return torch.device(device).type == "cuda"
 
 
+def gpu_name(device: torch.device | str) -> str:
+    """The CUDA device's name ("" for other devices, or where no GPU is visible)."""
+    dev = torch.device(device)
+    if dev.type != "cuda" or not torch.cuda.is_available():
+        return ""
+    return torch.cuda.get_device_name(dev.index if dev.index is not None else torch.cuda.current_device())
+
+
 def split_gemm_config(device: torch.device | str, layout: str, triton_gemm: bool = False) -> dict[str, int]:
     """Splits per projection (``qkv``, ``o``, ``down``) for the split-K decode GEMMs: on transposed weights those of
     :meth:`TransposedLinear.partials` or, when ``triton_gemm``, of the Triton kernels; on nn.Linear's layout
     (``nk``) only with ``triton_gemm``. ``SPECSERVE_SPLIT_GEMM`` = ``qkv=S,o=S,down=S`` (``0``: none; with
     ``triton_gemm`` also ``gate_up=S``: the Triton gate_up + SiLU-mul over S K slices); default
-    :data:`DEFAULT_SPLIT_GEMM` (Triton: :data:`DEFAULT_SPLIT_GEMM_TRITON`, nk: :data:`DEFAULT_SPLIT_GEMM_TRITON_NK`)
-    on CUDA, none elsewhere (measured on the H200 only). A split of 1 keeps the projection in the Triton kernel
+    :data:`DEFAULT_SPLIT_GEMM` (Triton: :data:`DEFAULT_SPLIT_GEMM_TRITON` or the GPU's own entry of
+    :data:`DEVICE_SPLIT_GEMM_TRITON`, nk: :data:`DEFAULT_SPLIT_GEMM_TRITON_NK`) on CUDA, none elsewhere (measured on
+    H200 / H100 GPUs only). A split of 1 keeps the projection in the Triton kernel
     (one partial) where ``triton_gemm``; without it, out of the split path."""
     if layout == "nk" and not triton_gemm:
         return {}
     raw = os.environ.get("SPECSERVE_SPLIT_GEMM")
     if raw is None:
-        if triton_gemm:
-            default = DEFAULT_SPLIT_GEMM_TRITON if layout == "kn" else DEFAULT_SPLIT_GEMM_TRITON_NK
+        if triton_gemm and layout == "kn":
+            name = gpu_name(device)
+            default = next(
+                (v for k, v in DEVICE_SPLIT_GEMM_TRITON.items() if k in name), DEFAULT_SPLIT_GEMM_TRITON
+            )
+        elif triton_gemm:
+            default = DEFAULT_SPLIT_GEMM_TRITON_NK
         else:
             default = DEFAULT_SPLIT_GEMM
         raw = default if torch.device(device).type == "cuda" else ""

@@ -135,10 +135,12 @@ _DEFAULT_TILES_NK = {
 # Per GPU (a substring of its name): the entries where that GPU's own sweep found other tiles faster, used where
 # they fit the shape. H100 SXM (session 29, benchmarks/results/h100-2026-12-05-s29: triton_gemm.py --lean on the
 # Qwen3-8B shape, then the engine A/B): gate_up at 16 rows 68.2 vs 71.4 us (the DFlash K=15 step 7.84 -> 7.72 ms),
-# qkv at one row 18.9 vs 19.7 us (the decode step 5.90 -> 5.89).
+# qkv at one row 18.9 vs 19.7 us (the decode step 5.90 -> 5.89). Session 46 (h100-2026-12-07-s46): qkv at one row
+# over 4 K slices (linear.py ``DEVICE_SPLIT_GEMM_TRITON``) with 128:32:4:4, 18.69 us (512:32:3:8 there: 23.22); the
+# decode step 5.754 -> 5.724 ms, DFlash K=15 7.485 -> 7.379.
 _DEVICE_TILES = {
     "H100": {
-        ("qkv", 1): GemmTile(512, 32, 3, 8),
+        ("qkv", 1): GemmTile(128, 32, 4, 4),
         ("gate_up", 16): GemmTile(128, 64, 3, 4),
     },
 }
