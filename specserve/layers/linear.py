@@ -140,7 +140,7 @@ DEFAULT_SPLIT_GEMM_TRITON = "qkv=8,o=8,down=8"
 # Per GPU (a substring of its name): the Triton splits where that GPU's own engine A/B found others faster. H100 SXM
 # (session 46, benchmarks/results/h100-2026-12-07-s46, Qwen3-8B shape, with its 128:32:4:4 one-row qkv tile):
 # qkv over 4 K slices, the plain step at batch 1 5.754 -> 5.724 ms, DFlash K=15 7.485 -> 7.379, EAGLE-3 K=7 10.963
-# -> 10.872 (the attention sums 4 qkv partials instead of 8 on its critical path).
+# -> 10.872 (likely: the attention sums 4 qkv partials instead of 8 on its critical path; not profiled).
 DEVICE_SPLIT_GEMM_TRITON = {"H100": "qkv=4,o=8,down=8"}
 # Small targets (nn.Linear's layout): their 2-16-row steps (speculative verify, the DFlash drafter's block) take the
 # Triton split-K kernels too, with fewer splits (a few-MB weight: K 576 / 1536 for SmolLM2-135M)
