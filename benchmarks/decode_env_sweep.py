@@ -26,6 +26,7 @@ import json
 import os
 import sys
 import time
+import traceback
 from pathlib import Path
 
 import torch
@@ -89,9 +90,18 @@ def main() -> int:
                 os.environ[name] = val
         else:
             os.environ[args.env] = value
-        llm = LLM(args.config_dir, load_format="dummy", dtype="bfloat16", device="cuda", max_model_len=args.max_model_len,
-                  max_num_seqs=max(args.batches), enable_prefix_caching=False, gpu_memory_utilization=0.5,
-                  speculative_config=spec)  # fmt: skip
+        try:
+            llm = LLM(args.config_dir, load_format="dummy", dtype="bfloat16", device="cuda",
+                      max_model_len=args.max_model_len, max_num_seqs=max(args.batches), enable_prefix_caching=False,
+                      gpu_memory_utilization=0.5, speculative_config=spec)  # fmt: skip
+        except Exception as e:
+            # a value whose engine fails to start (e.g. its graph capture) is recorded and the sweep goes on
+            traceback.print_exc()
+            rows.append({"env": args.env, "value": value, "error": f"{type(e).__name__}: {e}"[:500]})
+            print(json.dumps(rows[-1]), flush=True)
+            gc.collect()
+            torch.cuda.empty_cache()
+            continue
         steps = count_steps(llm.engine)
         wb = read_weight_bytes(llm.engine.runner.model)
         for b in args.batches:
@@ -125,6 +135,9 @@ def main() -> int:
     print(f"\nweight-read floor {floor_ms:.3f} ms (DRAM {dram / 1e12:.2f} TB/s)")
     print(f"{args.env:50} {'batch':>5} {'step ms':>8} {'x floor':>7} {'same':>5}")
     for r in rows:
+        if "error" in r:
+            print(f"{r['value']:50} error: {r['error'][:120]}")
+            continue
         print(f"{r['value']:50} {r['batch']:>5} {r['step_ms']:>8.3f} {r['x_floor']:>7.3f} {str(r['same_tokens_as_first']):>5}")  # fmt: skip
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
