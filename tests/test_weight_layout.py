@@ -432,6 +432,22 @@ def test_triton_splitk_kernels_match_torch(dtype, rows, layout, pre, monkeypatch
     assert not ts._arrival_counters(x.device, 3).any()  # every arrival counter back at 0
 
 
+@pytest.mark.parametrize("rows", [1, 3])
+def test_triton_splitk_pre_of_one_block_is_bit_equal(rows, monkeypatch):
+    """``pre`` == BLOCK_K (the H100's one-row qkv tile: its first chunk read before the PDL wait) multiplies the
+    same chunks in the same order as ``pre`` 0: partials bit-equal, so the setting changes no token."""
+    import specserve.layers.triton_splitk as ts
+
+    torch.manual_seed(rows)
+    x, w = torch.randn(rows, 64).to(torch.bfloat16), (torch.randn(64, 48) / 8).to(torch.bfloat16)
+    got = {}
+    for pre in (0, 16):
+        monkeypatch.setenv("SPECSERVE_TRITON_GEMM_TILES", TINY_TILES.replace(":2:4", f":2:4:{pre}"))
+        assert ts.tile_for("qkv", rows).pre == pre and ts.tile_for("qkv", rows).block_k == 16
+        got[pre] = ts.splitk_partials(x, w, 2, "qkv")
+    assert torch.equal(got[0], got[16])
+
+
 def test_triton_splitk_rejects_bad_shapes_and_settings(monkeypatch):
     import specserve.layers.triton_splitk as ts
     from specserve.layers.linear import triton_gemm_enabled
@@ -536,9 +552,10 @@ for lay, name, cls, n, k, s in [
     ("kn", "qkv", 1, 6144, 4096, 8), ("kn", "o", 1, 4096, 4096, 8), ("kn", "down", 1, 4096, 12288, 8),
     ("kn", "gate_up", 16, 12288, 4096, 1), ("kn", "qkv", 16, 6144, 4096, 8), ("kn", "down", 16, 4096, 12288, 8),
     ("nk", "qkv", 16, 960, 576, 3), ("nk", "o", 16, 576, 576, 3), ("nk", "gate_up", 16, 1536, 576, 1),
-    ("nk", "down", 16, 576, 1536, 4), ("nk", "qkv", 1, 960, 576, 3),
+    ("nk", "down", 16, 576, 1536, 4), ("nk", "qkv", 1, 960, 576, 3), ("H100", "qkv", 1, 6144, 4096, 4),
 ]:
-    t = ts.tile_for(name, cls, lay)
+    t = ts._DEVICE_TILES[lay][(name, cls)] if lay == "H100" else ts.tile_for(name, cls, lay)
+    lay = "kn" if lay == "H100" else lay
     gate_up = name == "gate_up"
     const = dict(N=n, K_SPLIT=k // s, BLOCK_M=1 if cls == 1 else 16, BLOCK_N=t.block_n, BLOCK_K=t.block_k,
                  PRE_K=t.pre, NUM_STAGES=t.stages, USE_DOT=cls > 1, PRECISION="tf32", UPCAST=False, GATE_UP=gate_up, MODE=_BF16,
@@ -550,6 +567,8 @@ for lay, name, cls, n, k, s in [
     ptx = kernel.asm["ptx"]
     assert "griddepcontrol.wait" in ptx and "griddepcontrol.launch_dependents" in ptx
     assert ("mma" in ptx) == (cls > 1), (name, cls)  # 2-16 rows on the tensor cores, one row on the CUDA cores
+    if t.pre:  # the tile's first weight rows are loaded before the wait
+        assert "ld.global" in ptx[: ptx.index("griddepcontrol.wait")], (lay, name, cls)
 # weight rows read before the wait (GemmTile.pre): the loads precede griddepcontrol.wait in the PTX; PDL == 2 (a
 # small kernel tagged in SPECSERVE_PDL_EARLY) releases the successor before its own wait
 for cls, pre in ((1, 128), (16, 64)):

@@ -138,10 +138,13 @@ _DEFAULT_TILES_NK = {
 # Qwen3-8B shape, then the engine A/B): gate_up at 16 rows 68.2 vs 71.4 us (the DFlash K=15 step 7.84 -> 7.72 ms),
 # qkv at one row 18.9 vs 19.7 us (the decode step 5.90 -> 5.89). Session 46 (h100-2026-12-07-s46): qkv at one row
 # over 4 K slices (linear.py ``DEVICE_SPLIT_GEMM_TRITON``) with 128:32:4:4, 18.69 us (512:32:3:8 there: 23.22); the
-# decode step 5.754 -> 5.724 ms, DFlash K=15 7.485 -> 7.379.
+# decode step 5.754 -> 5.724 ms, DFlash K=15 7.485 -> 7.379. Session 47 (h100-2026-12-07-s47): that tile reads its
+# first BLOCK_K weight rows before the PDL wait (``pre`` 32, the same summation order: outputs bit-equal), while the
+# norm kernel before it runs: qkv's advance of the step's chain 18.12 -> 17.44 us a layer, the step 5.731-5.735 ->
+# 5.718-5.719 ms (pre 64: 5.714-5.718, other tokens; o_proj and down_proj gain nothing from it).
 _DEVICE_TILES = {
     "H100": {
-        ("qkv", 1): GemmTile(128, 32, 4, 4),
+        ("qkv", 1): GemmTile(128, 32, 4, 4, 32),
         ("gate_up", 16): GemmTile(128, 64, 3, 4),
     },
 }
