@@ -140,8 +140,9 @@ _DEFAULT_TILES_NK = {
 # over 4 K slices (linear.py ``DEVICE_SPLIT_GEMM_TRITON``) with 128:32:4:4, 18.69 us (512:32:3:8 there: 23.22); the
 # decode step 5.754 -> 5.724 ms, DFlash K=15 7.485 -> 7.379. Session 47 (h100-2026-12-07-s47): that tile reads its
 # first BLOCK_K weight rows before the PDL wait (``pre`` 32, the same summation order: outputs bit-equal), while the
-# norm kernel before it runs: qkv's advance of the step's chain 18.12 -> 17.44 us a layer, the step 5.731-5.735 ->
-# 5.718-5.719 ms (pre 64: 5.714-5.718, other tokens; o_proj and down_proj gain nothing from it).
+# norm kernel before it runs: qkv's advance of the step's chain 18.12 -> 17.44 us a layer (pre 64), the step
+# 5.731-5.735 -> 5.718-5.719 ms on one H100, within the spread on another (5.727-5.730 -> 5.724-5.728); pre 64 the
+# same time with other tokens, o_proj and down_proj nothing gained from it.
 _DEVICE_TILES = {
     "H100": {
         ("qkv", 1): GemmTile(128, 32, 4, 4, 32),
