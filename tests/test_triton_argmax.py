@@ -20,9 +20,11 @@ if type(tam._greedy_tail_kernel).__name__ != "InterpretedFunction":
     tam = importlib.reload(tam)
 
 
+@pytest.mark.parametrize("programs", ["", "1"])  # default: one program per 4096-entry chunk; 1: one per row
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("v", [7, 4096, 9000])  # below one chunk, exactly one, a ragged last chunk
-def test_argmax_rows_matches_torch(dtype: torch.dtype, v: int) -> None:
+def test_argmax_rows_matches_torch(dtype: torch.dtype, v: int, programs: str, monkeypatch) -> None:
+    monkeypatch.setenv(tam.PROGRAMS_ENV, programs)
     g = torch.Generator().manual_seed(v)
     x = torch.randn(5, v, generator=g).to(dtype)
     x[1] = -3.0
@@ -36,6 +38,27 @@ def test_argmax_rows_matches_torch(dtype: torch.dtype, v: int) -> None:
     assert got.tolist() == x.argmax(-1).tolist()
 
 
+def test_argmax_rows_programs_split_the_vocabulary(monkeypatch) -> None:
+    """Two programs a row taking every other 4096-entry chunk: a tie between program 1's chunk (index 5000) and a
+    later chunk of program 0 (index 9000) goes to the first index; NaN and -inf rows as torch; counters reset."""
+    monkeypatch.setenv(tam.PROGRAMS_ENV, "2")
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 20000, generator=g)
+    x[0, 5000] = x[0, 9000] = 9.0
+    x[1, 19999] = 9.0  # the last, ragged chunk (program 0's)
+    x[2, :] = float("-inf")
+    x[3, 12000] = float("nan")
+    assert tam._programs(20000, 4096) == 2
+    for _ in range(2):
+        assert tam.argmax_rows(x).tolist() == x.argmax(-1).tolist() == [5000, 19999, 0, 12000]
+        assert torch.count_nonzero(tam._merge_counters(x.device, 4)) == 0
+    monkeypatch.setenv(tam.PROGRAMS_ENV, "0")
+    with pytest.raises(ValueError, match=tam.PROGRAMS_ENV):
+        tam.argmax_rows(x)
+    monkeypatch.delenv(tam.PROGRAMS_ENV)
+    assert tam._programs(151936, 4096) == 38 and tam._programs(10**6, 4096) == 64 and tam._programs(7, 8) == 1
+
+
 def test_argmax_rows_strided_rows_and_bad_input() -> None:
     x = torch.randn(3, 2 * 600)
     view = x[:, :600]  # rows strided by 1200
@@ -44,10 +67,12 @@ def test_argmax_rows_strided_rows_and_bad_input() -> None:
         tam.argmax_rows(x.t())
 
 
+@pytest.mark.parametrize("programs", ["", "1"])  # 5000 entries: two programs a row by default, or one
 @pytest.mark.parametrize("q", [1, 2, 5, 16])
-def test_greedy_verify_matches_torch_and_resets_counters(q: int) -> None:
+def test_greedy_verify_matches_torch_and_resets_counters(q: int, programs: str, monkeypatch) -> None:
     """Drafts that match the target's argmax for a random prefix length per request (0 .. q-1, all), with
     logits in bf16 (what the graphs pass): packed == greedy_verify's, and the arrival counters are back at 0."""
+    monkeypatch.setenv(tam.PROGRAMS_ENV, programs)
     g = torch.Generator().manual_seed(q)
     b, v = 4, 5000
     logits = torch.randn(b * q, v, generator=g).to(torch.bfloat16)
@@ -64,8 +89,7 @@ def test_greedy_verify_matches_torch_and_resets_counters(q: int) -> None:
     for _ in range(2):  # the second launch reuses the counters
         got = tam.greedy_verify_triton(logits, ids, b, q)
         assert got.tolist() == greedy_verify(logits, ids, b, q).tolist()
-        if q > 1:
-            assert torch.count_nonzero(tam._merge_counters(logits.device, b)) == 0
+        assert torch.count_nonzero(tam._merge_counters(logits.device, b)) == 0
 
 
 def test_greedy_verify_rejects_bad_shapes() -> None:
@@ -129,15 +153,18 @@ _HOPPER_COMPILE_SCRIPT = r"""
 import specserve.layers.triton_argmax as tam
 from sm90 import compile_sm90
 
-ptrs = dict(logits_ptr="bf16", ids_ptr="i64", packed_ptr="i64", counter_ptr="i32")
-for q, pack in [(1, True), (8, True), (16, True), (1, False)]:
-    const = dict(Q=q, Q_PAD=max(2, q), PACK=pack, CHUNK=4096, PDL=True)
+ptrs = dict(logits_ptr="bf16", ids_ptr="i64", packed_ptr="i64", counter_ptr="i32", part_v_ptr="fp32",
+            part_i_ptr="i32")
+for q, pack, p in [(1, True, 1), (8, True, 1), (16, True, 1), (1, False, 1), (1, True, 38), (16, True, 38),
+                   (1, False, 12)]:
+    const = dict(Q=q, Q_PAD=max(2, q), PACK=pack, CHUNK=4096, P=p, P_PAD=max(2, 1 << (p - 1).bit_length()), PDL=True)
     k, reg, stack = compile_sm90(tam._greedy_tail_kernel, ptrs, const, 8, 3, not_divisible=("V",))
-    print(q, pack, f"REG:{reg} STACK:{stack}")
+    print(q, pack, p, f"REG:{reg} STACK:{stack}")
     assert stack == 0, f"register spills: {const}"
     ptx = k.asm["ptx"]
     assert "griddepcontrol.wait" in ptx
-    assert ("atom.global.gpu.acq_rel.add" in ptx) == (pack and q > 1)
+    # the arrivals: a request's rows (verify packing), a row's programs (the vocabulary split)
+    assert ("atom.global.gpu.acq_rel.add" in ptx) == ((pack and q > 1) or p > 1)
 print("OK")
 """
 
