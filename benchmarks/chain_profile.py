@@ -1,15 +1,17 @@
 """Critical-path share of each kernel of the engine's plain decode step, by its place in the layer (issue #6).
 
-    python benchmarks/chain_profile.py --config-dir .bench/qwen3-8b [--values "" "SPECSERVE_L2_PREFETCH=o=0.5"]
+    python benchmarks/chain_profile.py --config-dir .bench/qwen3-8b [--values "" "SPECSERVE_GREEDY_TAIL_PROGRAMS=1"]
+        [--spec dflash:15]
 
 Per value (``;``-separated ``NAME=VALUE`` settings, as decode_env_sweep.py's ``--env -``; "" = the defaults): a
-fresh engine (random bf16 weights, graphs on, batch 1, a 128-token prompt), 64 greedy tokens under torch.profiler.
+fresh engine (random bf16 weights, graphs on, batch 1, a 128-token prompt; with ``--spec`` the speculative step of
+step_latency.py's random drafters), 64 greedy tokens under torch.profiler.
 With programmatic dependent launch a kernel's own duration includes the time its CTAs wait for their predecessor,
 so the table gives each main-stream kernel's *advance*: its end minus the previous main-stream kernel's end, i.e.
-what it adds to the step's serial chain. Kernels are labelled by name and predecessor (``_splitk_add_kernel <
+what it adds to the step's serial chain. Kernels are labelled by name and predecessor (``_splitk_gemm_kernel <
 _merge_splits_kernel`` is o_proj), which tells apart the split-K GEMMs that share a kernel. Kernels that overlap the
-chain from a side stream (the L2 prefetch) are listed apart with their start relative to the chain kernel before
-them. Prints one table per value and the per-label difference to the first value; writes JSON.
+chain from a side stream (session 47's L2 prefetch, ``results/h100-2026-12-07-s47/l2_side_prefetch.patch``) are
+listed apart with their start relative to the chain kernel before them. Prints one table per value and the per-label difference to the first value; writes JSON.
 """
 
 from __future__ import annotations
@@ -34,6 +36,20 @@ def short(name: str) -> str:
     return name.split("(")[0].split("<")[0].replace("void ", "")[:40]
 
 
+def spec_config(spec: str | None) -> dict[str, Any] | None:
+    """``--spec dflash:K|eagle3:K``: step_latency.py's random drafters for the Qwen3-8B shape (DFlash-b16 with
+    5 layers, an EAGLE-3 head), written under $TMPDIR; None: plain decoding."""
+    if not spec:
+        return None
+    from step_latency import write_drafters
+
+    method, _, k = spec.partition(":")
+    if method not in ("dflash", "eagle3") or not k.isdigit():
+        raise SystemExit(f"--spec: expected dflash:K or eagle3:K, got {spec!r}")
+    df, ea = write_drafters(Path(os.environ.get("TMPDIR", "/tmp")) / "specserve-drafters")
+    return {"method": method, "model": df if method == "dflash" else ea, "num_speculative_tokens": int(k)}
+
+
 def profile_value(args: argparse.Namespace, value: str) -> dict[str, Any]:
     from torch.profiler import ProfilerActivity, profile
 
@@ -45,7 +61,8 @@ def profile_value(args: argparse.Namespace, value: str) -> dict[str, Any]:
         os.environ[name] = val
     try:
         llm = LLM(args.config_dir, load_format="dummy", dtype="bfloat16", device="cuda", max_model_len=2048,
-                  max_num_seqs=1, enable_prefix_caching=False, gpu_memory_utilization=0.5)  # fmt: skip
+                  max_num_seqs=1, enable_prefix_caching=False, gpu_memory_utilization=0.5,
+                  speculative_config=spec_config(args.spec))  # fmt: skip
         g = torch.Generator().manual_seed(0)
         ps = [{"prompt_token_ids": torch.randint(1000, 100000, (128,), generator=g).tolist()}]
         sp = SamplingParams(temperature=0, max_tokens=args.tokens, ignore_eos=True)
@@ -105,6 +122,9 @@ def main() -> int:
     ap.add_argument("--config-dir", required=True)
     ap.add_argument("--values", nargs="+", default=[""])
     ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument(
+        "--spec", default=None, help="dflash:K or eagle3:K (random 8B-shaped drafters): that step's chain"
+    )
     ap.add_argument("--top", type=int, default=14, help="rows printed per value")
     ap.add_argument("--out", default="benchmarks/results/chain_profile.json")
     args = ap.parse_args()
