@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import hashlib
 import json
 import os
 import subprocess
@@ -83,15 +84,31 @@ def write_drafters(root: Path) -> tuple[str, str]:
     return str(df), str(ea)
 
 
+def source_sha(root: Path | None = None) -> str:
+    """sha256 (first 12 hex digits) of every ``specserve/**/*.py`` file's path and bytes, in path order: names the
+    engine code a result ran on where ``git_revision`` cannot (the device machine's copy of the tree keeps a stale
+    HEAD; session 47). Run at a commit to match: ``cd benchmarks && python -c "import step_latency as s;
+    print(s.source_sha())"``."""
+    root = root or Path(__file__).resolve().parent.parent
+    h = hashlib.sha256()
+    for f in sorted((root / "specserve").rglob("*.py")):
+        h.update(f.relative_to(root).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()[:12]
+
+
 def result_meta() -> dict[str, str]:
-    """What every result JSON records: the command line, the git revision, the GPU."""
+    """What every result JSON records: the command line, the git revision (and whether tracked files differ from
+    it), the engine sources' hash (:func:`source_sha`), the GPU."""
     try:
         rev = subprocess.check_output(["git", "rev-parse", "--short", "HEAD"], text=True).strip()
+        dirty = subprocess.check_output(["git", "status", "--porcelain", "--untracked-files=no"], text=True)
+        rev += "-dirty" if dirty.strip() else ""
     except Exception:  # noqa: BLE001
         rev = os.environ.get("GIT_REV", "unknown")
     return {
         "command": " ".join(["python"] + sys.argv),
         "git_revision": rev,
+        "source_sha": source_sha(),
         "gpu": torch.cuda.get_device_name(),
     }
 
