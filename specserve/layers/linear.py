@@ -168,6 +168,13 @@ def gpu_name(device: torch.device | str) -> str:
     return torch.cuda.get_device_name(dev.index if dev.index is not None else torch.cuda.current_device())
 
 
+def gpu_family(device: torch.device | str, families: Iterable[str]) -> str | None:
+    """The first of ``families`` (substrings of GPU names, e.g. "H100": the keys of a per-GPU table) in the CUDA
+    device's name, if any."""
+    name = gpu_name(device)
+    return next((k for k in families if k in name), None)
+
+
 def split_gemm_config(device: torch.device | str, layout: str, triton_gemm: bool = False) -> dict[str, int]:
     """Splits per projection (``qkv``, ``o``, ``down``) for the split-K decode GEMMs: on transposed weights those of
     :meth:`TransposedLinear.partials` or, when ``triton_gemm``, of the Triton kernels; on nn.Linear's layout
@@ -182,10 +189,8 @@ def split_gemm_config(device: torch.device | str, layout: str, triton_gemm: bool
     raw = os.environ.get("SPECSERVE_SPLIT_GEMM")
     if raw is None:
         if triton_gemm and layout == "kn":
-            name = gpu_name(device)
-            default = next(
-                (v for k, v in DEVICE_SPLIT_GEMM_TRITON.items() if k in name), DEFAULT_SPLIT_GEMM_TRITON
-            )
+            family = gpu_family(device, DEVICE_SPLIT_GEMM_TRITON)
+            default = DEVICE_SPLIT_GEMM_TRITON[family] if family else DEFAULT_SPLIT_GEMM_TRITON
         elif triton_gemm:
             default = DEFAULT_SPLIT_GEMM_TRITON_NK
         else:

@@ -149,14 +149,15 @@ def _launch(
     r, v = logits.shape
     chunk = min(_CHUNK, triton.next_power_of_2(v))
     p = _programs(v, chunk)
-    n_counters = (n_req if pack and q > 1 else 0) + (r if p > 1 else 0)
+    req = n_req if pack and q > 1 else 0  # request counters first, then the rows'
+    n_counters = req + (r if p > 1 else 0)
     counters = _merge_counters(logits.device, n_counters) if n_counters else packed  # shared zeroed counters
     part_v = torch.empty((r, p), dtype=torch.float32, device=logits.device) if p > 1 else packed
     part_i = torch.empty((r, p), dtype=torch.int32, device=logits.device) if p > 1 else packed
     pdl, kw = pdl_launch(logits.device)
     _greedy_tail_kernel[(r, p)](
         logits, ids, packed, counters, part_v, part_i, v, logits.stride(0), packed.stride(0) if pack else 0,
-        n_req if pack and q > 1 else 0, Q=q, Q_PAD=max(2, triton.next_power_of_2(q)), PACK=pack, CHUNK=chunk, P=p,
+        req, Q=q, Q_PAD=max(2, triton.next_power_of_2(q)), PACK=pack, CHUNK=chunk, P=p,
         P_PAD=max(2, triton.next_power_of_2(p)), PDL=pdl, num_warps=8, **kw,
     )  # fmt: skip
 

@@ -63,7 +63,7 @@ import torch
 import triton
 import triton.language as tl
 
-from specserve.layers.linear import gpu_name
+from specserve.layers.linear import gpu_family
 from specserve.layers.triton_fused import _mode, _pdl_wait, _round, pdl_launch
 
 __all__ = [
@@ -155,8 +155,7 @@ _NAMES = ("qkv", "o", "gate_up", "down")
 @functools.lru_cache(maxsize=8)
 def _device_family(index: int) -> str | None:
     """The :data:`_DEVICE_TILES` key whose name is part of CUDA device ``index``'s name, if any."""
-    name = gpu_name(torch.device("cuda", index))
-    return next((k for k in _DEVICE_TILES if k in name), None)
+    return gpu_family(torch.device("cuda", index), _DEVICE_TILES)
 
 
 def tile_for(
