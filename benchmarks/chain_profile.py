@@ -20,6 +20,7 @@ import argparse
 import collections
 import json
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -33,7 +34,11 @@ SIDE = ("_l2_prefetch_kernel",)  # kernels launched beside the chain (session 47
 
 
 def short(name: str) -> str:
-    return name.split("(")[0].split("<")[0].replace("void ", "")[:40]
+    """A kernel's name without return type, anonymous namespace, template or parameter list (torch's
+    ``void at::native::(anonymous namespace)::indexSelectSmallIndex<...>(...)`` -> ``at::native::indexSelectSmallIndex``):
+    distinct kernels keep distinct labels."""
+    name = name.replace("void ", "").replace("(anonymous namespace)::", "")
+    return re.split(r"[<(]", name)[0][:48]
 
 
 def spec_config(spec: str | None) -> dict[str, Any] | None:
