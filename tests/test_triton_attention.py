@@ -465,6 +465,22 @@ def test_select_attention_config_packs_queries_and_heads(
     assert math.ceil(max_query_len / cfg.queries_per_tile) >= 1
     # No splits off-GPU (the CPU interpreter gains nothing from them).
     assert ta._pick_num_splits(torch.device("cpu"), 8, cfg.block_n, 4096, max_query_len) == 1
+    # 8 warps for one-query tiles of heads padded to >= 128 and for 128-row tiles (measured faster on H100s), else 4
+    wide = cfg.block_m >= 128 or (max_query_len == 1 and 1 << (head_dim - 1).bit_length() >= 128)
+    assert cfg.num_warps == (8 if wide else 4)
+
+
+def test_attention_warps_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    """SPECSERVE_ATTN_WARPS (and the norm / SiLU-mul knobs) override a launch's warps; bad values are rejected."""
+    from specserve.layers.triton_fused import warps_setting
+
+    monkeypatch.delenv("SPECSERVE_ATTN_WARPS", raising=False)
+    assert warps_setting("SPECSERVE_ATTN_WARPS", 4) == 4
+    monkeypatch.setenv("SPECSERVE_ATTN_WARPS", "8")
+    assert warps_setting("SPECSERVE_ATTN_WARPS", 4) == 8
+    monkeypatch.setenv("SPECSERVE_ATTN_WARPS", "3")
+    with pytest.raises(ValueError, match="SPECSERVE_ATTN_WARPS must be 1, 2, 4, 8 or 16"):
+        warps_setting("SPECSERVE_ATTN_WARPS", 4)
 
 
 def test_split_count_heuristic_and_its_cap(monkeypatch: pytest.MonkeyPatch) -> None:

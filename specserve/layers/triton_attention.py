@@ -54,7 +54,15 @@ import torch
 import triton
 import triton.language as tl
 
-from specserve.layers.triton_fused import _load_qkv, _mode, _norm_rope, _pdl_wait, _round, pdl_launch
+from specserve.layers.triton_fused import (
+    _load_qkv,
+    _mode,
+    _norm_rope,
+    _pdl_wait,
+    _round,
+    pdl_launch,
+    warps_setting,
+)
 
 __all__ = [
     "AttentionConfig",
@@ -564,14 +572,18 @@ class AttentionConfig:
 def select_attention_config(
     num_heads: int, num_kv_heads: int, head_dim: int, max_query_len: int
 ) -> AttentionConfig:
-    """Tile sizes from static shapes only. M packs (queries x group heads); N is keys per KV tile."""
+    """Tile sizes from static shapes only. M packs (queries x group heads); N is keys per KV tile. One-query steps
+    of 128-wide heads take 8 warps (``SPECSERVE_ATTN_WARPS`` overrides the warps of every launch): H100, session 48
+    (benchmarks/results/h100-2026-12-07-s48/c4-c6), the Qwen3-8B-shaped plain step 5.685-5.697 -> 5.657-5.660 ms at
+    batch 1 in two calls (4 warps before; 16 warps 5.681, 2 warps 5.787), 5.778-5.785 -> 5.764-5.768 at batch 4;
+    DFlash's 16-query blocks gained nothing from 8 (7.327 -> 7.328 ms a K=15 step)."""
     group = num_heads // num_kv_heads
     block_d = max(16, triton.next_power_of_2(head_dim))
     max_m = 128 if block_d <= 128 else 64
     block_m = min(max(16, triton.next_power_of_2(max(1, max_query_len) * group)), max_m)
     block_m = max(block_m, triton.next_power_of_2(group))
     block_n = 64 if block_d <= 128 else 32
-    num_warps = 8 if block_m >= 128 else 4
+    num_warps = 8 if block_m >= 128 or (max_query_len == 1 and block_d >= 128) else 4
     return AttentionConfig(
         block_m, block_n, block_m // group, num_warps, num_stages=3 if block_m <= 64 else 2
     )
@@ -969,7 +981,7 @@ def _attention(
         PRECISION=precision,
         UPCAST=device.type == "cpu" and dtype != torch.float32,  # CPU only runs under TRITON_INTERPRET=1
         PDL=pdl,
-        num_warps=cfg.num_warps,
+        num_warps=warps_setting("SPECSERVE_ATTN_WARPS", cfg.num_warps),
         num_stages=cfg.num_stages,
         **rope_const,
         **pdl_kw,

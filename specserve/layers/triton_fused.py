@@ -78,6 +78,18 @@ def pdl_enabled(device: torch.device) -> bool:
 PDL_EARLY_TAGS = ("norm", "rope", "attn", "merge", "silu")
 
 
+def warps_setting(env: str, default: int) -> int:
+    """``default``, or the warps a kernel launches with as set by ``env`` (read per call, i.e. per graph capture:
+    1, 2, 4, 8 or 16): the knobs of the warps sweeps in benchmarks/ (``SPECSERVE_NORM_WARPS``,
+    ``SPECSERVE_SILU_WARPS``, ``SPECSERVE_ATTN_WARPS``)."""
+    raw = os.environ.get(env, "").strip()
+    if not raw:
+        return default
+    if raw not in ("1", "2", "4", "8", "16"):
+        raise ValueError(f"{env} must be 1, 2, 4, 8 or 16, got {raw!r}")
+    return int(raw)
+
+
 def _pdl_early() -> frozenset[str]:
     raw = os.environ.get("SPECSERVE_PDL_EARLY", "").strip()
     tags = frozenset(t.strip() for t in raw.split(",") if t.strip())
@@ -231,7 +243,7 @@ def _launch_rms_norm(
             OUT_MODE=_mode(out_dtype),
             NSPLIT=nsplit,
             PDL=pdl,
-            num_warps=min(16, max(1, block // 256)),
+            num_warps=warps_setting("SPECSERVE_NORM_WARPS", min(16, max(1, block // 256))),
             **pdl_kw,
         )
     return out.view(x.shape), (res_out.view(x.shape) if residual is not None else None)
@@ -612,7 +624,7 @@ def silu_mul(gate_up: torch.Tensor, intermediate: int) -> torch.Tensor:
         BLOCK=block,
         MODE=_mode(gate_up.dtype),
         PDL=pdl,
-        num_warps=4 if block >= 1024 else 2,
+        num_warps=warps_setting("SPECSERVE_SILU_WARPS", 4 if block >= 1024 else 2),
         **pdl_kw,
     )
     return out
