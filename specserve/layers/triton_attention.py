@@ -573,7 +573,7 @@ def select_attention_config(
     num_heads: int, num_kv_heads: int, head_dim: int, max_query_len: int
 ) -> AttentionConfig:
     """Tile sizes from static shapes only. M packs (queries x group heads); N is keys per KV tile. One-query steps
-    of 128-wide heads take 8 warps (``SPECSERVE_ATTN_WARPS`` overrides the warps of every launch): H100, session 48
+    of heads 128 wide or wider (padded) take 8 warps (``SPECSERVE_ATTN_WARPS`` overrides every launch's): H100, s48
     (benchmarks/results/h100-2026-12-07-s48/c4-c6), the Qwen3-8B-shaped plain step 5.685-5.697 -> 5.657-5.660 ms at
     batch 1 in two calls (4 warps before; 16 warps 5.681, 2 warps 5.787), 5.778-5.785 -> 5.764-5.768 at batch 4;
     DFlash's 16-query blocks gained nothing from 8 (7.327 -> 7.328 ms a K=15 step)."""
