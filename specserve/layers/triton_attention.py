@@ -638,12 +638,7 @@ def merge_warps(tile: int) -> int:
     instead of four for the Qwen3-8B shape's [32, 128] tile took the batch-1 decode step from 5.785 to 5.729 ms
     (1.154 -> 1.143x the weight-read floor; 5.870 -> 5.832 at 1.5k tokens of context), SmolLM2's plain step 0.561
     -> 0.555 ms: the merge is latency, and a CTA of fewer warps starts and reduces sooner."""
-    raw = os.environ.get(MERGE_WARPS_ENV, "").strip()
-    if raw:
-        if raw not in ("1", "2", "4", "8"):
-            raise ValueError(f"{MERGE_WARPS_ENV} must be 1, 2, 4 or 8, got {raw!r}")
-        return int(raw)
-    return min(4, max(1, tile // 4096))
+    return warps_setting(MERGE_WARPS_ENV, min(4, max(1, tile // 4096)))
 
 
 MERGE_ENV = "SPECSERVE_ATTN_MERGE"

@@ -81,7 +81,7 @@ PDL_EARLY_TAGS = ("norm", "rope", "attn", "merge", "silu")
 def warps_setting(env: str, default: int) -> int:
     """``default``, or the warps a kernel launches with as set by ``env`` (read per call, i.e. per graph capture:
     1, 2, 4, 8 or 16): the knobs of the warps sweeps in benchmarks/ (``SPECSERVE_NORM_WARPS``,
-    ``SPECSERVE_SILU_WARPS``, ``SPECSERVE_ATTN_WARPS``)."""
+    ``SPECSERVE_SILU_WARPS``, ``SPECSERVE_ATTN_WARPS``, ``SPECSERVE_ATTN_MERGE_WARPS``)."""
     raw = os.environ.get(env, "").strip()
     if not raw:
         return default
