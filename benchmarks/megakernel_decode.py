@@ -1,0 +1,246 @@
+"""The persistent one-launch decode step (specserve/layers/triton_megakernel.py) on a Qwen3-8B-shaped target with
+random bf16 weights, batch 1 (issue #6's plain-decode bar, session 51): checks its logits against the torch reference
+for a few steps, then times greedy decode steps after a prompt and prints ms a step against the weight-read floor
+measured in the same run (step_latency.py's definition), per variant (unit rows, L2 prefetch depth, attention chunk,
+warps), and where a step's time goes by phase (global-timer stamps taken when each phase's wait returned).
+
+    python benchmarks/megakernel_decode.py [--config-dir DIR] [--variants rb=4,pf=0 rb=4,pf=2 ...] --out R.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from dataclasses import replace
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from step_latency import copy_bandwidth, read_bandwidth, result_meta  # noqa: E402
+
+from specserve.layers.triton_megakernel import MegaConfig, MegaDecoder, reference_step  # noqa: E402
+
+QWEN3_8B = MegaConfig(
+    hidden=4096,
+    heads=32,
+    kv_heads=8,
+    head_dim=128,
+    intermediate=12288,
+    layers=36,
+    vocab=151936,
+    eps=1e-6,
+    rope_theta=1_000_000.0,
+)
+KEYS = {
+    "rb": "rows",
+    "pf": "l2_prefetch",
+    "ch": "chunk",
+    "warps": "warps",
+    "st": "stages",
+    "mg": "merge_splits",
+}
+
+
+def parse_variant(text: str, base: MegaConfig) -> MegaConfig:
+    kw = {}
+    for part in filter(None, text.split(",")):
+        k, _, v = part.partition("=")
+        if k not in KEYS:
+            raise SystemExit(f"unknown variant key {k!r} (known: {', '.join(KEYS)})")
+        kw[KEYS[k]] = int(v)
+    return replace(base, **kw)
+
+
+def random_weights(cfg: MegaConfig, dev: torch.device, seed: int = 0) -> dict[str, torch.Tensor]:
+    """The kernel's stacked layouts filled directly (random weights need no interleaving)."""
+    torch.manual_seed(seed)
+    L, h, i, d = cfg.layers, cfg.hidden, cfg.intermediate, cfg.head_dim
+    nqkv = (cfg.heads + 2 * cfg.kv_heads) * d
+
+    def lin(*shape: int) -> torch.Tensor:
+        return (torch.randn(*shape, device=dev, dtype=torch.bfloat16) * shape[-1] ** -0.5).contiguous()
+
+    def norm(*shape: int) -> torch.Tensor:
+        return (1 + 0.1 * torch.randn(*shape, device=dev)).to(torch.bfloat16)
+
+    return {
+        "wqkv": lin(L, nqkv, h),
+        "wo": lin(L, h, h),
+        "wgu": lin(L, 2 * i, h),
+        "wd": lin(L, i // h, h, h),
+        "wlm": lin(cfg.vocab, h),
+        "embed": torch.randn(cfg.vocab, h, device=dev, dtype=torch.bfloat16),
+        "in_norm": norm(L, h),
+        "post_norm": norm(L, h),
+        "q_norm": norm(L, d),
+        "k_norm": norm(L, d),
+        "final_norm": norm(h),
+    }
+
+
+def check(cfg: MegaConfig, w: dict[str, torch.Tensor], steps: int) -> float:
+    dev = w["wqkv"].device
+    dec = MegaDecoder(cfg, w, dev)
+    kc, vc = torch.zeros_like(dec.k_cache), torch.zeros_like(dec.v_cache)
+    worst = 0.0
+    for pos in range(steps):
+        tok = (pos * 7919) % cfg.vocab
+        got = dec.launch(torch.tensor(tok, device=dev), pos).clone()
+        trace: dict[str, list[torch.Tensor]] = {}
+        ref = reference_step(cfg, w, kc, vc, tok, pos, trace)
+        err = ((got - ref).abs().max() / ref.abs().max()).item()
+        worst = max(worst, err)
+        if err > 2e-2:
+            # the first layer / buffer that differs
+            where = "the LM head"
+            for layer in range(cfg.layers):
+                bufs = {"qkv": dec.qkv[layer], "h_mid": dec.h_mid[layer], "act": dec.act[layer]}
+                bad = [
+                    f"{k} {((b - trace[k][layer]).abs().max() / trace[k][layer].abs().max()).item():.3g}"
+                    for k, b in bufs.items()
+                    if ((b - trace[k][layer]).abs().max() / trace[k][layer].abs().max()).item() > 2e-2
+                ]
+                if bad:
+                    where = f"layer {layer}: " + ", ".join(bad)
+                    break
+            raise RuntimeError(
+                f"logits differ from the reference at step {pos}: rel err {err:.3g}; first: {where}"
+            )
+    del dec
+    return worst
+
+
+def timed(cfg: MegaConfig, w: dict[str, torch.Tensor], prompt: int, steps: int, reps: int) -> dict:
+    dev = w["wqkv"].device
+    dec = MegaDecoder(cfg, w, dev)
+    tok = torch.tensor(1, device=dev)
+    for pos in range(prompt):  # the prompt through the same kernel (compiles and fills the cache)
+        dec.launch(tok, pos)
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for j in range(steps):
+            logits = dec.launch(tok, prompt + j)
+            tok = logits.argmax()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / steps)
+    # one stamped step per position band: where the time goes (phases on the chain, us a layer)
+    phase_us: dict[str, list[float]] = {k: [] for k in ("qkv", "attention", "o_proj", "gate_up", "down")}
+    lm = []
+    for j in range(8):
+        dec.stamps.zero_()
+        dec.launch(tok, prompt + steps + j, stamp=True)
+        torch.cuda.synchronize()
+        st = dec.stamps.double()
+        st[st == 0] = float("inf")
+        first = st.amin(0)  # [L + 1, 6]: the earliest program past each wait
+        L = cfg.layers
+        for layer in range(L):
+            t = first[layer]
+            nxt = first[layer + 1, 0]
+            phase_us["qkv"].append((t[1] - t[0]).item() / 1e3)
+            phase_us["attention"].append((t[2] - t[1]).item() / 1e3)
+            phase_us["o_proj"].append((t[3] - t[2]).item() / 1e3)
+            phase_us["gate_up"].append((t[4] - t[3]).item() / 1e3)
+            phase_us["down"].append((nxt - t[4]).item() / 1e3)
+        ends = dec.stamps[:, L, 5].double()
+        lm.append((ends.max() - first[L, 0]).item() / 1e3)
+    del dec
+    torch.cuda.synchronize()
+    return {
+        "ms_per_step": min(times),
+        "ms_reps": times,
+        "phase_us_per_layer": {k: statistics.median(v) for k, v in phase_us.items()},
+        "lm_head_us": statistics.median(lm),
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument(
+        "--config-dir", default=None, help="an HF config.json directory (default: Qwen3-8B's shape)"
+    )
+    ap.add_argument(
+        "--variants",
+        nargs="+",
+        default=[
+            "rb=4",
+            "rb=4,st=3",
+            "rb=4,st=4",
+            "rb=4,st=3,pf=2",
+            "rb=8,st=2",
+            "rb=4,st=3,ch=64",
+            "rb=2,st=4",
+        ],
+    )
+    ap.add_argument("--prompt", type=int, default=128)
+    ap.add_argument("--steps", type=int, default=256)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--check-steps", type=int, default=3)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    dev = torch.device("cuda")
+    base = QWEN3_8B
+    if args.config_dir:
+        from transformers import AutoConfig
+
+        base = MegaConfig.from_hf(AutoConfig.from_pretrained(args.config_dir))
+    base = replace(base, max_tokens=max(2048, args.prompt + args.steps + 64))
+    t0 = time.time()
+    w = random_weights(base, dev)
+    weight_bytes = sum(t.numel() * t.element_size() for k, t in w.items() if k != "embed")
+    bw = max(copy_bandwidth(), read_bandwidth())
+    floor_ms = weight_bytes / bw * 1e3
+    print(
+        f"{torch.cuda.get_device_name()}: weights {weight_bytes / 1e9:.3f} GB, DRAM {bw / 1e12:.2f} TB/s, "
+        f"floor {floor_ms:.3f} ms ({time.time() - t0:.0f} s setup)",
+        flush=True,
+    )
+    rows = []
+    for text in args.variants:
+        cfg = parse_variant(text, base)
+        t1 = time.time()
+        try:
+            err = check(cfg, w, args.check_steps)
+        except RuntimeError as e:  # a wrong variant is reported and skipped; the others still run
+            print(f"{text:24s} FAILED: {e}", flush=True)
+            rows.append({"variant": text, "error": str(e)})
+            continue
+        r = timed(cfg, w, args.prompt, args.steps, args.reps)
+        r.update(variant=text, check_rel_err=err, x_floor=r["ms_per_step"] / floor_ms)
+        rows.append(r)
+        ph = r["phase_us_per_layer"]
+        print(
+            f"{text:24s} {r['ms_per_step']:.3f} ms = {r['x_floor']:.3f}x floor | check {err:.2e} | us a layer: "
+            + " ".join(f"{k} {v:.1f}" for k, v in ph.items())
+            + f" = {sum(ph.values()):.1f} | LM head {r['lm_head_us']:.0f} us | {time.time() - t1:.0f} s",
+            flush=True,
+        )
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(
+                {
+                    **result_meta(),
+                    "command": " ".join(sys.argv),
+                    "floor_ms": floor_ms,
+                    "dram_Bps": bw,
+                    "weight_bytes": weight_bytes,
+                    "prompt": args.prompt,
+                    "steps": args.steps,
+                    "rows": rows,
+                },
+                f,
+                indent=1,
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
