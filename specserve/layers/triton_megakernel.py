@@ -105,6 +105,25 @@ def _l2_prefetch(base, rows, cols, H: tl.constexpr, USE_PF: tl.constexpr):
 
 
 @triton.jit
+def _prefetch_units(base, pid, G, U, rows, cols, H: tl.constexpr, RB: tl.constexpr, USE_PF: tl.constexpr,
+                    PF: tl.constexpr):  # fmt: skip
+    # units 1..PF of this program's share of a phase into L2 (unit 0 is in registers already)
+    for j in tl.static_range(PF):
+        u = pid + (j + 1) * G
+        if u < U:
+            _l2_prefetch(base + u * RB * H, rows, cols, H, USE_PF)
+
+
+@triton.jit
+def _silu_unit(w3, x, r2):
+    # a gate_up unit [2, RB/2, H] (gate rows, up rows) against x: silu(gate) * up, [RB/2]
+    acc = tl.sum(w3.to(tl.float32) * x[None, None, :], axis=2)
+    gate = tl.sum(tl.where(r2[:, None] == 0, acc, 0.0), axis=0)
+    up = tl.sum(tl.where(r2[:, None] == 1, acc, 0.0), axis=0)
+    return gate / (1.0 + tl.exp(-gate)) * up
+
+
+@triton.jit
 def _residual(h_mid, dpart, x0, layer, offs, H: tl.constexpr, C: tl.constexpr, mask):
     """Rows ``offs`` of layer ``layer``'s input residual: the embedding at layer 0, else the previous layer's
     h_mid plus its C down_proj partials."""
@@ -196,10 +215,7 @@ def _mega_decode_kernel(
         # ---------------- qkv: x = rmsnorm(residual) ----------------
         n_units = (U_QKV - pid + G - 1) // G
         base = wqkv + lw * (NQKV * H)
-        for j in tl.static_range(PF):
-            u = pid + (j + 1) * G
-            if u < U_QKV:
-                _l2_prefetch(base + u * RB * H, rows, pf_cols, H, USE_PF)
+        _prefetch_units(base, pid, G, U_QKV, rows, pf_cols, H, RB, USE_PF, PF)
         if layer > 0:
             _wait(counters + (layer - 1) * 5 + 4, U_DN)
         _stamp(stamps, pid, layer, 0, L, STAMP)
@@ -335,10 +351,7 @@ def _mega_decode_kernel(
         # ---------------- o_proj: x = merged attention; out + residual -> h_mid ----------------
         n_units = (U_O - pid + G - 1) // G
         base = wo + lw * (H * H)
-        for j in tl.static_range(PF):
-            u = pid + (j + 1) * G
-            if u < U_O:
-                _l2_prefetch(base + u * RB * H, rows, pf_cols, H, USE_PF)
+        _prefetch_units(base, pid, G, U_O, rows, pf_cols, H, RB, USE_PF, PF)
         rres = _residual(h_mid, dpart, x0, layer, pid * RB + rows, H, C, pid * RB + rows < H)
         _wait(counters + layer * 5 + 1, NT)
         _stamp(stamps, pid, layer, 2, L, STAMP)
@@ -413,10 +426,7 @@ def _mega_decode_kernel(
         _signal(counters + layer * 5 + 2, n_units)
         # ---------------- gate_up + SiLU-mul: x = rmsnorm(h_mid) ----------------
         n_units = (U_GU - pid + G - 1) // G
-        for j in tl.static_range(PF):
-            u = pid + (j + 1) * G
-            if u < U_GU:
-                _l2_prefetch(base + u * RB * H, rows, pf_cols, H, USE_PF)
+        _prefetch_units(base, pid, G, U_GU, rows, pf_cols, H, RB, USE_PF, PF)
         _wait(counters + layer * 5 + 2, U_O)
         _stamp(stamps, pid, layer, 3, L, STAMP)
         hm = tl.load(h_mid + layer * H + cols, cache_modifier=".cg")
@@ -424,26 +434,17 @@ def _mega_decode_kernel(
         x = hm * inv * tl.load(post_norm + layer * H + cols).to(tl.float32)
         if STAGES > 1:
             if n_units > 0:
-                acc = tl.sum(w3.to(tl.float32) * x[None, None, :], axis=2)
-                gate = tl.sum(tl.where(r2[:, None] == 0, acc, 0.0), axis=0)
-                up = tl.sum(tl.where(r2[:, None] == 1, acc, 0.0), axis=0)
-                tl.store(act + layer * I + pid * RB2 + r4, gate / (1.0 + tl.exp(-gate)) * up)
+                tl.store(act + layer * I + pid * RB2 + r4, _silu_unit(w3, x, r2))
             for i in tl.range(1, n_units, num_stages=STAGES):
                 u = pid + i * G
                 wi3 = tl.load(base + u * RB * H + gurow)
-                acc = tl.sum(wi3.to(tl.float32) * x[None, None, :], axis=2)
-                gate = tl.sum(tl.where(r2[:, None] == 0, acc, 0.0), axis=0)
-                up = tl.sum(tl.where(r2[:, None] == 1, acc, 0.0), axis=0)
-                tl.store(act + layer * I + u * RB2 + r4, gate / (1.0 + tl.exp(-gate)) * up)
+                tl.store(act + layer * I + u * RB2 + r4, _silu_unit(wi3, x, r2))
         else:
             for i in range(n_units):
                 u = pid + i * G
                 un = u + G
                 wn3 = tl.load(base + un * RB * H + gurow, mask=un * RB + guidx < 2 * I, other=0.0)
-                acc = tl.sum(w3.to(tl.float32) * x[None, None, :], axis=2)  # [2, RB/2]
-                gate = tl.sum(tl.where(r2[:, None] == 0, acc, 0.0), axis=0)
-                up = tl.sum(tl.where(r2[:, None] == 1, acc, 0.0), axis=0)
-                tl.store(act + layer * I + u * RB2 + r4, gate / (1.0 + tl.exp(-gate)) * up)
+                tl.store(act + layer * I + u * RB2 + r4, _silu_unit(w3, x, r2))
                 w3 = wn3
         # the first down unit: chunk c = u // (H / RB), rows (u % (H / RB)) * RB
         base = wd + lw * (C * H * H)
@@ -455,10 +456,7 @@ def _mega_decode_kernel(
         _signal(counters + layer * 5 + 3, n_units)
         # ---------------- down_proj: K chunks of H, partials to dpart[layer, c] ----------------
         n_units = (U_DN - pid + G - 1) // G
-        for j in tl.static_range(PF):
-            u = pid + (j + 1) * G
-            if u < U_DN:
-                _l2_prefetch(base + u * RB * H, rows, pf_cols, H, USE_PF)
+        _prefetch_units(base, pid, G, U_DN, rows, pf_cols, H, RB, USE_PF, PF)
         _wait(counters + layer * 5 + 3, U_GU)
         _stamp(stamps, pid, layer, 4, L, STAMP)
         c0 = (pid * RB) // H
