@@ -105,6 +105,14 @@ def _l2_prefetch(base, rows, cols, H: tl.constexpr, USE_PF: tl.constexpr):
 
 
 @triton.jit
+def _load_unit(base, u, rows, cols, H: tl.constexpr, RB: tl.constexpr, NROWS):
+    # the [RB, H] weight rows of GEMV unit u (rows past NROWS read as zero: a program past its last unit)
+    return tl.load(
+        base + (u * RB + rows)[:, None] * H + cols[None, :], mask=(u * RB + rows)[:, None] < NROWS, other=0.0
+    )
+
+
+@triton.jit
 def _prefetch_units(base, pid, G, U, rows, cols, H: tl.constexpr, RB: tl.constexpr, USE_PF: tl.constexpr,
                     PF: tl.constexpr):  # fmt: skip
     # units 1..PF of this program's share of a phase into L2 (unit 0 is in registers already)
@@ -203,11 +211,7 @@ def _mega_decode_kernel(
     NT = NKV * S  # attention units
 
     # the first qkv unit of layer 0 (the prefetch that every later phase does at the end of the one before)
-    w = tl.load(
-        wqkv + (pid * RB + rows)[:, None] * H + cols[None, :],
-        mask=(pid * RB + rows)[:, None] < NQKV,
-        other=0.0,
-    )
+    w = _load_unit(wqkv, pid, rows, cols, H, RB, NQKV)
     for layer in range(L):
         lw = (
             tl.full([], 0, tl.int64) + layer
@@ -235,11 +239,7 @@ def _mega_decode_kernel(
             for i in range(n_units):
                 u = pid + i * G
                 un = u + G
-                wn = tl.load(
-                    base + (un * RB + rows)[:, None] * H + cols[None, :],
-                    mask=(un * RB + rows)[:, None] < NQKV,
-                    other=0.0,
-                )
+                wn = _load_unit(base, un, rows, cols, H, RB, NQKV)
                 acc = tl.sum(w.to(tl.float32) * x[None, :], axis=1)
                 tl.store(qkv_buf + layer * NQKV + u * RB + rows, acc)
                 w = wn
@@ -337,17 +337,9 @@ def _mega_decode_kernel(
                 tl.store(att_lse + (layer * SMAX + ch) * NH + heads, m + tl.log(lsum), mask=hmask)
             _signal(counters + layer * 5 + 1, (NT - pid + G - 1) // G)
             # the first o_proj unit, loaded after the attention (its registers were the K / V tiles')
-            w = tl.load(
-                wo + lw * (H * H) + (pid * RB + rows)[:, None] * H + cols[None, :],
-                mask=(pid * RB + rows)[:, None] < H,
-                other=0.0,
-            )
+            w = _load_unit(wo + lw * (H * H), pid, rows, cols, H, RB, H)
         else:
-            w = tl.load(
-                wo + lw * (H * H) + (pid * RB + rows)[:, None] * H + cols[None, :],
-                mask=(pid * RB + rows)[:, None] < H,
-                other=0.0,
-            )
+            w = _load_unit(wo + lw * (H * H), pid, rows, cols, H, RB, H)
         # ---------------- o_proj: x = merged attention; out + residual -> h_mid ----------------
         n_units = (U_O - pid + G - 1) // G
         base = wo + lw * (H * H)
@@ -406,11 +398,7 @@ def _mega_decode_kernel(
             for i in range(n_units):
                 u = pid + i * G
                 un = u + G
-                wn = tl.load(
-                    base + (un * RB + rows)[:, None] * H + cols[None, :],
-                    mask=(un * RB + rows)[:, None] < H,
-                    other=0.0,
-                )
+                wn = _load_unit(base, un, rows, cols, H, RB, H)
                 rn = _residual(h_mid, dpart, x0, layer, un * RB + rows, H, C, un * RB + rows < H)
                 acc = tl.sum(w.to(tl.float32) * x[None, :], axis=1)
                 tl.store(h_mid + layer * H + u * RB + rows, acc + rres)
@@ -448,11 +436,7 @@ def _mega_decode_kernel(
                 w3 = wn3
         # the first down unit: chunk c = u // (H / RB), rows (u % (H / RB)) * RB
         base = wd + lw * (C * H * H)
-        w = tl.load(
-            base + (pid * RB + rows)[:, None] * H + cols[None, :],
-            mask=(pid * RB + rows)[:, None] < C * H,
-            other=0.0,
-        )
+        w = _load_unit(base, pid, rows, cols, H, RB, C * H)
         _signal(counters + layer * 5 + 3, n_units)
         # ---------------- down_proj: K chunks of H, partials to dpart[layer, c] ----------------
         n_units = (U_DN - pid + G - 1) // G
@@ -475,11 +459,7 @@ def _mega_decode_kernel(
             for i in range(n_units):
                 u = pid + i * G
                 un = u + G
-                wn = tl.load(
-                    base + (un * RB + rows)[:, None] * H + cols[None, :],
-                    mask=(un * RB + rows)[:, None] < C * H,
-                    other=0.0,
-                )
+                wn = _load_unit(base, un, rows, cols, H, RB, C * H)
                 cn = (un * RB) // H
                 xn = tl.load(
                     act + layer * I + cn * H + cols, mask=cn * H + cols < I, other=0.0, cache_modifier=".cg"
@@ -491,17 +471,9 @@ def _mega_decode_kernel(
                 xa = xn
         # the first unit of the next layer's qkv (or the LM head)
         if layer + 1 < L:
-            w = tl.load(
-                wqkv + (lw + 1) * (NQKV * H) + (pid * RB + rows)[:, None] * H + cols[None, :],
-                mask=(pid * RB + rows)[:, None] < NQKV,
-                other=0.0,
-            )
+            w = _load_unit(wqkv + (lw + 1) * (NQKV * H), pid, rows, cols, H, RB, NQKV)
         else:
-            w = tl.load(
-                wlm + (pid * RB + rows)[:, None] * H + cols[None, :],
-                mask=(pid * RB + rows)[:, None] < V,
-                other=0.0,
-            )
+            w = _load_unit(wlm, pid, rows, cols, H, RB, V)
         _signal(counters + layer * 5 + 4, n_units)
     # ---------------- final norm + LM head ----------------
     n_units = (U_LM - pid + G - 1) // G
@@ -516,16 +488,14 @@ def _mega_decode_kernel(
             tl.store(logits + pid * RB + rows, acc, mask=pid * RB + rows < V)
         for i in tl.range(1, n_units, num_stages=STAGES):
             u = pid + i * G
-            nrow = u * RB + rows
-            wi = tl.load(wlm + nrow[:, None] * H + cols[None, :], mask=nrow[:, None] < V, other=0.0)
+            wi = _load_unit(wlm, u, rows, cols, H, RB, V)
             acc = tl.sum(wi.to(tl.float32) * x[None, :], axis=1)
-            tl.store(logits + u * RB + rows, acc, mask=nrow < V)
+            tl.store(logits + u * RB + rows, acc, mask=u * RB + rows < V)
     else:
         for i in range(n_units):
             u = pid + i * G
             un = u + G
-            nrow = un * RB + rows
-            wn = tl.load(wlm + nrow[:, None] * H + cols[None, :], mask=nrow[:, None] < V, other=0.0)
+            wn = _load_unit(wlm, un, rows, cols, H, RB, V)
             acc = tl.sum(w.to(tl.float32) * x[None, :], axis=1)
             tl.store(logits + u * RB + rows, acc, mask=u * RB + rows < V)
             w = wn
