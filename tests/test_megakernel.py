@@ -14,7 +14,7 @@ import torch
 from specserve.layers.triton_megakernel import MegaConfig, MegaDecoder, reference_step
 
 
-def _weights(cfg: MegaConfig, seed: int = 0) -> dict[str, torch.Tensor]:
+def _layers(cfg: MegaConfig, seed: int = 0) -> tuple[list[dict[str, torch.Tensor]], dict[str, torch.Tensor]]:
     g = torch.Generator().manual_seed(seed)
     h, i, d = cfg.hidden, cfg.intermediate, cfg.head_dim
 
@@ -41,7 +41,11 @@ def _weights(cfg: MegaConfig, seed: int = 0) -> dict[str, torch.Tensor]:
         for _ in range(cfg.layers)
     ]
     embed = torch.randn(cfg.vocab, h, generator=g).to(torch.bfloat16)
-    return MegaDecoder.pack(cfg, layers, embed, lin(cfg.vocab, h), norm(h))
+    return layers, MegaDecoder.pack(cfg, layers, embed, lin(cfg.vocab, h), norm(h))
+
+
+def _weights(cfg: MegaConfig, seed: int = 0) -> dict[str, torch.Tensor]:
+    return _layers(cfg, seed)[1]
 
 
 @pytest.mark.parametrize("stages,merge", [(1, 0), (3, 2)])
@@ -85,6 +89,26 @@ def test_megakernel_matches_reference_across_chunks(stages: int, merge: int) -> 
             dec.v_cache[:, :, pos].float(), vc[:, :, pos].float(), atol=2e-2, rtol=2e-2
         )
     assert worst > 0.0  # the comparison saw real numbers, not two zero buffers
+
+
+def test_pack_keeps_hf_projections() -> None:
+    # the stacked layouts compute what HF's per-layer projections do: qkv rows, gate / up interleaved per unit
+    # (the unit's SiLU-mul lands on the right act rows), down_proj's K chunks
+    cfg = MegaConfig(
+        hidden=64, heads=2, kv_heads=1, head_dim=32, intermediate=192, layers=2, vocab=16, rows=4
+    )
+    layers, w = _layers(cfg)
+    x = torch.randn(cfg.hidden, generator=torch.Generator().manual_seed(3))
+    for n, ly in enumerate(layers):
+        f = {k: v.float() for k, v in ly.items()}
+        qkv = torch.cat([f["q_proj"] @ x, f["k_proj"] @ x, f["v_proj"] @ x])
+        torch.testing.assert_close(w["wqkv"][n].float() @ x, qkv)
+        gu = (w["wgu"][n].float() @ x).view(-1, 2, cfg.rows // 2)
+        act = (torch.nn.functional.silu(gu[:, 0]) * gu[:, 1]).reshape(-1)
+        torch.testing.assert_close(act, torch.nn.functional.silu(f["gate_proj"] @ x) * (f["up_proj"] @ x))
+        a = torch.randn(cfg.intermediate, generator=torch.Generator().manual_seed(4))
+        dn = torch.einsum("cnk,ck->n", w["wd"][n].float(), a.view(-1, cfg.hidden))
+        torch.testing.assert_close(dn, f["down_proj"] @ a)
 
 
 def test_megakernel_rejects_unsupported_shapes() -> None:

@@ -51,8 +51,7 @@ import triton.language as tl
 
 __all__ = ["MegaConfig", "MegaDecoder", "reference_step"]
 
-# counters per layer: arrivals of qkv / attention / o_proj / gate_up / down units
-_QKV, _ATT, _O, _GU, _DOWN = 0, 1, 2, 3, 4
+# arrival counters per layer (``counters + layer * 5 + k``): k = 0 qkv, 1 attention, 2 o_proj, 3 gate_up, 4 down units
 NUM_PHASES = 5
 
 
