@@ -131,7 +131,7 @@ def timed(cfg: MegaConfig, w: dict[str, torch.Tensor], prompt: int, steps: int, 
         end.record()
         torch.cuda.synchronize()
         times.append(start.elapsed_time(end) / steps)
-    # one stamped step per position band: where the time goes (phases on the chain, us a layer)
+    # eight stamped steps after the timed ones (medians): where the time goes (phases on the chain, us a layer)
     phase_us: dict[str, list[float]] = {k: [] for k in ("qkv", "attention", "o_proj", "gate_up", "down")}
     lm = []
     for j in range(8):
