@@ -155,3 +155,18 @@ def test_megakernel_compiles_for_hopper_one_cta_per_sm() -> None:
     from sm90 import run_script
 
     run_script(_HOPPER_SCRIPT)
+
+
+def test_config_from_hf_qwen3() -> None:
+    from transformers import Qwen3Config
+
+    hf = Qwen3Config(hidden_size=64, num_attention_heads=2, num_key_value_heads=1, head_dim=32,
+                     intermediate_size=128, num_hidden_layers=3, vocab_size=100, rms_norm_eps=1e-5,
+                     rope_theta=12345.0)  # fmt: skip
+    cfg = MegaConfig.from_hf(hf, chunk=16)
+    assert (cfg.hidden, cfg.heads, cfg.kv_heads, cfg.head_dim) == (64, 2, 1, 32)
+    assert (cfg.intermediate, cfg.layers, cfg.vocab, cfg.eps, cfg.chunk) == (128, 3, 100, 1e-5, 16)
+    assert cfg.rope_theta == 12345.0  # transformers 5 keeps it in rope_parameters
+    scaled = Qwen3Config(rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6})
+    with pytest.raises(ValueError, match="default RoPE"):
+        MegaConfig.from_hf(scaled)

@@ -49,6 +49,8 @@ import torch
 import triton
 import triton.language as tl
 
+from specserve.config import rope_from_hf
+
 __all__ = ["MegaConfig", "MegaDecoder", "reference_step"]
 
 # arrival counters per layer (``counters + layer * 5 + k``): k = 0 qkv, 1 attention, 2 o_proj, 3 gate_up, 4 down units
@@ -525,6 +527,9 @@ class MegaConfig:
 
     @staticmethod
     def from_hf(cfg, **kw) -> MegaConfig:  # type: ignore[no-untyped-def]
+        theta, scaling = rope_from_hf(cfg)
+        if scaling is not None:
+            raise ValueError(f"the megakernel computes the default RoPE only, not {scaling}")
         return MegaConfig(
             hidden=cfg.hidden_size,
             heads=cfg.num_attention_heads,
@@ -534,7 +539,7 @@ class MegaConfig:
             layers=cfg.num_hidden_layers,
             vocab=cfg.vocab_size,
             eps=cfg.rms_norm_eps,
-            rope_theta=getattr(cfg, "rope_theta", 1_000_000.0),
+            rope_theta=theta,
             **kw,
         )
 
