@@ -17,6 +17,7 @@ import sys
 import time
 from dataclasses import replace
 
+import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -42,6 +43,7 @@ KEYS = {
     "warps": "warps",
     "st": "stages",
     "mg": "merge_splits",
+    "po": "o_prefetch",
 }
 
 
@@ -131,25 +133,31 @@ def timed(cfg: MegaConfig, w: dict[str, torch.Tensor], prompt: int, steps: int, 
         end.record()
         torch.cuda.synchronize()
         times.append(start.elapsed_time(end) / steps)
-    # eight stamped steps after the timed ones (medians): where the time goes (phases on the chain, us a layer)
-    phase_us: dict[str, list[float]] = {k: [] for k in ("qkv", "attention", "o_proj", "gate_up", "down")}
+    # eight stamped steps after the timed ones (medians): where the time goes (phases on the chain, us a layer),
+    # and per phase when the median and the last program finished its units and how long the next phase's first
+    # program took to get past its wait after the last one finished (the dependency's latency)
+    names = ("qkv", "attention", "o_proj", "gate_up", "down")
+    phase_us: dict[str, list[float]] = {k: [] for k in names}
+    split: dict[str, dict[str, list[float]]] = {k: {"median": [], "last": [], "sync": []} for k in names}
     lm = []
     for j in range(8):
         dec.stamps.zero_()
         dec.launch(tok, prompt + steps + j, stamp=True)
         torch.cuda.synchronize()
         st = dec.stamps.double()
-        st[st == 0] = float("inf")
-        first = st.amin(0)  # [L + 1, 6]: the earliest program past each wait
+        st[st == 0] = float("nan")
+        first = torch.from_numpy(np.nanmin(st.cpu().numpy(), 0))  # [L + 1, 12]: the earliest program
+        done_med = torch.from_numpy(np.nanmedian(st.cpu().numpy(), 0))
+        done_max = torch.from_numpy(np.nanmax(st.cpu().numpy(), 0))
         L = cfg.layers
         for layer in range(L):
             t = first[layer]
-            nxt = first[layer + 1, 0]
-            phase_us["qkv"].append((t[1] - t[0]).item() / 1e3)
-            phase_us["attention"].append((t[2] - t[1]).item() / 1e3)
-            phase_us["o_proj"].append((t[3] - t[2]).item() / 1e3)
-            phase_us["gate_up"].append((t[4] - t[3]).item() / 1e3)
-            phase_us["down"].append((nxt - t[4]).item() / 1e3)
+            starts = [t[0], t[1], t[2], t[3], t[4], first[layer + 1, 0]]
+            for k, name in enumerate(names):
+                phase_us[name].append((starts[k + 1] - starts[k]).item() / 1e3)
+                split[name]["median"].append((done_med[layer, 6 + k] - starts[k]).item() / 1e3)
+                split[name]["last"].append((done_max[layer, 6 + k] - starts[k]).item() / 1e3)
+                split[name]["sync"].append((starts[k + 1] - done_max[layer, 6 + k]).item() / 1e3)
         ends = dec.stamps[:, L, 5].double()
         lm.append((ends.max() - first[L, 0]).item() / 1e3)
     del dec
@@ -159,6 +167,7 @@ def timed(cfg: MegaConfig, w: dict[str, torch.Tensor], prompt: int, steps: int, 
         "ms_reps": times,
         "phase_us_per_layer": {k: statistics.median(v) for k, v in phase_us.items()},
         "lm_head_us": statistics.median(lm),
+        "phase_split_us": {k: {m: statistics.median(v) for m, v in d.items()} for k, d in split.items()},
     }
 
 
@@ -221,6 +230,14 @@ def main() -> int:
             f"{text:24s} {r['ms_per_step']:.3f} ms = {r['x_floor']:.3f}x floor | check {err:.2e} | us a layer: "
             + " ".join(f"{k} {v:.1f}" for k, v in ph.items())
             + f" = {sum(ph.values()):.1f} | LM head {r['lm_head_us']:.0f} us | {time.time() - t1:.0f} s",
+            flush=True,
+        )
+        print(
+            f"{'':24s} median / last program done, then the next phase's wait (us): "
+            + " ".join(
+                f"{k} {d['median']:.1f}/{d['last']:.1f}+{d['sync']:.1f}"
+                for k, d in r["phase_split_us"].items()
+            ),
             flush=True,
         )
     if args.out:

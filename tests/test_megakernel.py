@@ -135,10 +135,11 @@ ptrs = {n: "bf16" for n in ("wqkv", "wo", "wgu", "wd", "wlm", "in_norm", "post_n
 ptrs.update({n: "fp32" for n in ("cos_tab", "sin_tab", "x0", "qkv_buf", "att_o", "att_lse", "h_mid", "act",
                                  "dpart", "logits")})
 ptrs.update(counters="i32", stamps="i64")
-# the Qwen3-8B shape, the benchmark's default unit (4 rows): both GEMV forms, with the L2 prefetch and stamps
-for stages, pf in [(1, 0), (3, 2)]:
+# the Qwen3-8B shape, the benchmark's default unit (4 rows): both GEMV forms, with the L2 prefetches and stamps
+for stages, pf, pfo in [(1, 0, 0), (3, 2, 7)]:
     const = dict(L=36, H=4096, NH=32, NKV=8, D=128, I=12288, V=151936, CH=128, RB=4, MAXT=2048, SMAX=16,
-                 USE_PF=pf > 0, PF=pf, UPCAST=False, STAMP=True, STAGES=stages, SP=4 if stages > 1 else 1)
+                 USE_PF=pf > 0, PF=pf, UPCAST=False, STAMP=True, STAGES=stages, SP=4 if stages > 1 else 1,
+                 PFO=pfo)
     kernel, reg, stack = compile_sm90(_mega_decode_kernel, ptrs, const, num_warps=8, num_stages=1,
                                       floats=("eps", "scale"), not_divisible=("pos", "S"))
     smem = kernel.metadata.shared

@@ -76,12 +76,13 @@ def _mm(a, b, UPCAST: tl.constexpr):
 
 @triton.jit
 def _stamp(stamps, pid, layer, k, L: tl.constexpr, STAMP: tl.constexpr):
-    # the global timer (ns) when this program's wait for phase k of ``layer`` returned: where the step's time goes
+    # the global timer (ns) when this program's wait for phase k of ``layer`` returned (k < 5), the LM head ended
+    # (k 5) or its units of phase k - 6 were done (k 6..10): where the step's time goes
     if STAMP:
         t = tl.inline_asm_elementwise(
             "mov.u64 $0, %globaltimer;", "=l,r", [pid], dtype=tl.int64, is_pure=False, pack=1
         )
-        tl.store(stamps + (pid * (L + 1) + layer) * 6 + k, t)
+        tl.store(stamps + (pid * (L + 1) + layer) * 12 + k, t)
 
 
 @triton.jit
@@ -193,6 +194,7 @@ def _mega_decode_kernel(
     STAMP: tl.constexpr,
     STAGES: tl.constexpr,
     SP: tl.constexpr,
+    PFO: tl.constexpr,
 ):
     pid = tl.program_id(0)
     G = tl.num_programs(0)
@@ -244,6 +246,9 @@ def _mega_decode_kernel(
                 acc = tl.sum(w.to(tl.float32) * x[None, :], axis=1)
                 tl.store(qkv_buf + layer * NQKV + u * RB + rows, acc)
                 w = wn
+        _stamp(stamps, pid, layer, 6, L, STAMP)
+        # o_proj's weights into L2 while the attention runs (the DRAM would idle through it)
+        _prefetch_units(wo + lw * (H * H), pid, G, U_O, rows, pf_cols, H, RB, PFO > 0, PFO)
         # ---------------- attention units: (kv head, chunk) ----------------
         d_h = tl.arange(0, HD)
         tok = tl.arange(0, CH)
@@ -336,6 +341,7 @@ def _mega_decode_kernel(
                 tl.store(obase + d_h[None, :], oa, mask=hmask[:, None])
                 tl.store(obase + HD + d_h[None, :], ob, mask=hmask[:, None])
                 tl.store(att_lse + (layer * SMAX + ch) * NH + heads, m + tl.log(lsum), mask=hmask)
+            _stamp(stamps, pid, layer, 7, L, STAMP)
             _signal(counters + layer * 5 + 1, (NT - pid + G - 1) // G)
             # the first o_proj unit, loaded after the attention (its registers were the K / V tiles')
             w = _load_unit(wo + lw * (H * H), pid, rows, cols, H, RB, H)
@@ -412,6 +418,7 @@ def _mega_decode_kernel(
         gurow = (r2[:, None] * RB2 + r4[None, :])[:, :, None] * H + cols[None, None, :]
         guidx = (r2[:, None] * RB2 + r4[None, :])[:, :, None]
         w3 = tl.load(base + pid * RB * H + gurow, mask=pid * RB + guidx < 2 * I, other=0.0)
+        _stamp(stamps, pid, layer, 8, L, STAMP)
         _signal(counters + layer * 5 + 2, n_units)
         # ---------------- gate_up + SiLU-mul: x = rmsnorm(h_mid) ----------------
         n_units = (U_GU - pid + G - 1) // G
@@ -438,6 +445,7 @@ def _mega_decode_kernel(
         # the first down unit: chunk c = u // (H / RB), rows (u % (H / RB)) * RB
         base = wd + lw * (C * H * H)
         w = _load_unit(base, pid, rows, cols, H, RB, C * H)
+        _stamp(stamps, pid, layer, 9, L, STAMP)
         _signal(counters + layer * 5 + 3, n_units)
         # ---------------- down_proj: K chunks of H, partials to dpart[layer, c] ----------------
         n_units = (U_DN - pid + G - 1) // G
@@ -475,6 +483,7 @@ def _mega_decode_kernel(
             w = _load_unit(wqkv + (lw + 1) * (NQKV * H), pid, rows, cols, H, RB, NQKV)
         else:
             w = _load_unit(wlm, pid, rows, cols, H, RB, V)
+        _stamp(stamps, pid, layer, 10, L, STAMP)
         _signal(counters + layer * 5 + 4, n_units)
     # ---------------- final norm + LM head ----------------
     n_units = (U_LM - pid + G - 1) // G
@@ -524,6 +533,9 @@ class MegaConfig:
     # o_proj merges up to this many attention chunks with one load (a power of 2; 0: a loop over them)
     merge_splits: int = 0
     l2_prefetch: int = 0  # units beyond the first that a program prefetches into L2 at each phase's start
+    # o_proj units beyond the first that a program prefetches into L2 as soon as its qkv units are done, so that
+    # the DRAM streams o_proj's weights through the attention (8 units of 4 rows: all of a program's share)
+    o_prefetch: int = 0
 
     @staticmethod
     def from_hf(cfg, **kw) -> MegaConfig:  # type: ignore[no-untyped-def]
@@ -585,7 +597,7 @@ class MegaDecoder:
             self.grid = torch.cuda.get_device_properties(device).multi_processor_count
         else:
             self.grid = 1
-        self.stamps = torch.zeros(self.grid, L + 1, 6, dtype=torch.int64, device=device)
+        self.stamps = torch.zeros(self.grid, L + 1, 12, dtype=torch.int64, device=device)
 
     @staticmethod
     def pack(
@@ -628,7 +640,8 @@ class MegaDecoder:
     def launch(self, token: torch.Tensor, pos: int, stamp: bool = False) -> torch.Tensor:
         """One decode step of ``token`` (a 0-d or 1-element int tensor on the device) at position ``pos``;
         returns the fp32 logits (a buffer reused by the next step). ``stamp`` (CUDA only) records in
-        :attr:`stamps` [grid, layers + 1, 6] the global timer when each program's wait for each phase returned."""
+        :attr:`stamps` [grid, layers + 1, 12] the global timer when each program's wait for each phase returned (0-4),
+        the LM head ended (5) and the program's units of each phase were done (6-10)."""
         cfg, w = self.cfg, self.w
         if pos >= cfg.max_tokens:
             raise ValueError(f"position {pos} beyond the cache's {cfg.max_tokens} tokens")
@@ -682,6 +695,7 @@ class MegaDecoder:
             STAMP=stamp,
             STAGES=cfg.stages,
             SP=max(1, cfg.merge_splits),
+            PFO=cfg.o_prefetch if self.device.type == "cuda" else 0,
             num_warps=cfg.warps,
             num_stages=1,
         )
