@@ -1,6 +1,7 @@
-"""The persistent one-launch decode step (layers/triton_megakernel.py, issue #6 experiment): under the Triton
-interpreter (one program walks every unit) it equals its torch reference step after step, across attention chunks,
-in both GEMV forms (register double buffer, software-pipelined) and both merges of the chunks (a loop, one load); compiled for sm_90 its registers fit one CTA per SM without a spill."""
+"""The persistent one-launch decode step (layers/triton_megakernel.py, issue #6): under the Triton interpreter (one
+program walks every unit) it equals its torch reference step after step, across attention chunks and the blocks of a
+shuffled paged KV cache, in both GEMV forms (register double buffer, software-pipelined) and both merges of the chunks
+(a loop, one load); compiled for sm_90 its registers fit one CTA per SM without a spill."""
 
 from __future__ import annotations
 
@@ -67,9 +68,11 @@ def test_megakernel_matches_reference_across_chunks(stages: int, merge: int) -> 
         merge_splits=merge,
     )
     w = _weights(cfg)
-    dec = MegaDecoder(cfg, w, torch.device("cpu"))
-    kc = torch.zeros_like(dec.k_cache)
-    vc = torch.zeros_like(dec.v_cache)
+    # blocks of 4 positions in a shuffled order: an attention chunk (16) gathers rows from four scattered blocks
+    order = torch.randperm(8, generator=torch.Generator().manual_seed(2)).tolist()
+    dec = MegaDecoder(cfg, w, torch.device("cpu"), block_size=4, block_table=order)
+    kc = torch.zeros(cfg.layers, cfg.kv_heads, cfg.max_tokens, cfg.head_dim, dtype=torch.bfloat16)
+    vc = torch.zeros_like(kc)
     g = torch.Generator().manual_seed(1)
     toks = torch.randint(0, cfg.vocab, (20,), generator=g)
     worst = 0.0
@@ -82,18 +85,16 @@ def test_megakernel_matches_reference_across_chunks(stages: int, merge: int) -> 
         # greedy: the kernel's pick is the reference's or within the tolerance of its best logit
         assert ref[got.argmax()] >= ref.max() - 2e-2 * ref.abs().max(), pos
         # the kernel's cache rows equal the reference's (bf16 rounding of the same fp32 values, or one ulp)
-        torch.testing.assert_close(
-            dec.k_cache[:, :, pos].float(), kc[:, :, pos].float(), atol=2e-2, rtol=2e-2
-        )
-        torch.testing.assert_close(
-            dec.v_cache[:, :, pos].float(), vc[:, :, pos].float(), atol=2e-2, rtol=2e-2
-        )
+        k_row, v_row = dec.cache_rows(pos)
+        torch.testing.assert_close(k_row.float(), kc[:, :, pos].float(), atol=2e-2, rtol=2e-2)
+        torch.testing.assert_close(v_row.float(), vc[:, :, pos].float(), atol=2e-2, rtol=2e-2)
+    # the shuffled table was followed: position 0's rows sit in block order[0], nowhere else
+    assert dec.k_caches[0][order[0], 0].abs().sum() > 0 and dec.k_caches[0][order[-1]].abs().sum() == 0
     assert worst > 0.0  # the comparison saw real numbers, not two zero buffers
 
 
-def test_pack_keeps_hf_projections() -> None:
-    # the stacked layouts compute what HF's per-layer projections do: qkv rows, gate / up interleaved per unit
-    # (the unit's SiLU-mul lands on the right act rows), down_proj's K chunks
+def test_pack_fuses_as_the_engine_does() -> None:
+    # q / k / v and gate / up stacked in the engine's fused order (layers read them in place there)
     cfg = MegaConfig(
         hidden=64, heads=2, kv_heads=1, head_dim=32, intermediate=192, layers=2, vocab=16, rows=4
     )
@@ -101,14 +102,12 @@ def test_pack_keeps_hf_projections() -> None:
     x = torch.randn(cfg.hidden, generator=torch.Generator().manual_seed(3))
     for n, ly in enumerate(layers):
         f = {k: v.float() for k, v in ly.items()}
+        p = w["layers"][n]
         qkv = torch.cat([f["q_proj"] @ x, f["k_proj"] @ x, f["v_proj"] @ x])
-        torch.testing.assert_close(w["wqkv"][n].float() @ x, qkv)
-        gu = (w["wgu"][n].float() @ x).view(-1, 2, cfg.rows // 2)
-        act = (torch.nn.functional.silu(gu[:, 0]) * gu[:, 1]).reshape(-1)
-        torch.testing.assert_close(act, torch.nn.functional.silu(f["gate_proj"] @ x) * (f["up_proj"] @ x))
-        a = torch.randn(cfg.intermediate, generator=torch.Generator().manual_seed(4))
-        dn = torch.einsum("cnk,ck->n", w["wd"][n].float(), a.view(-1, cfg.hidden))
-        torch.testing.assert_close(dn, f["down_proj"] @ a)
+        torch.testing.assert_close(p["qkv"].float() @ x, qkv)
+        gu = p["gate_up"].float() @ x
+        torch.testing.assert_close(gu, torch.cat([f["gate_proj"] @ x, f["up_proj"] @ x]))
+        assert p["down"].data_ptr() == ly["down_proj"].data_ptr()  # already contiguous: no copy
 
 
 def test_megakernel_rejects_unsupported_shapes() -> None:
@@ -130,18 +129,17 @@ _HOPPER_SCRIPT = r"""
 from specserve.layers.triton_megakernel import _mega_decode_kernel
 from sm90 import compile_sm90
 
-ptrs = {n: "bf16" for n in ("wqkv", "wo", "wgu", "wd", "wlm", "in_norm", "post_norm", "q_norm", "k_norm",
-                            "final_norm", "k_cache", "v_cache")}
-ptrs.update({n: "fp32" for n in ("cos_tab", "sin_tab", "x0", "qkv_buf", "att_o", "att_lse", "h_mid", "act",
-                                 "dpart", "logits")})
-ptrs.update(counters="i32", stamps="i64")
+ptrs = {n: "bf16" for n in ("wlm", "final_norm", "x0")}
+ptrs.update({n: "fp32" for n in ("cos_tab", "sin_tab", "qkv_buf", "att_o", "att_lse", "h_mid", "act", "dpart",
+                                 "out")})
+ptrs.update(table="i64", block_table="i32", pos_ptr="i64", counters="i32", stamps="i64")
 # the Qwen3-8B shape, the benchmark's default unit (4 rows): both GEMV forms, with the L2 prefetches and stamps
 for stages, pf, pfo in [(1, 0, 0), (3, 2, 7)]:
-    const = dict(L=36, H=4096, NH=32, NKV=8, D=128, I=12288, V=151936, CH=128, RB=4, MAXT=2048, SMAX=16,
+    const = dict(L=36, H=4096, NH=32, NKV=8, D=128, I=12288, V=151936, CH=128, RB=4, BS=16, HAS_LM=True,
                  USE_PF=pf > 0, PF=pf, UPCAST=False, STAMP=True, STAGES=stages, SP=4 if stages > 1 else 1,
                  PFO=pfo)
     kernel, reg, stack = compile_sm90(_mega_decode_kernel, ptrs, const, num_warps=8, num_stages=1,
-                                      floats=("eps", "scale"), not_divisible=("pos", "S"))
+                                      floats=("eps", "scale"))
     smem = kernel.metadata.shared
     print(stages, pf, f"REG:{reg} STACK:{stack} SMEM:{smem}")
     assert stack == 0 and reg * 256 <= 65536 and smem <= 227 * 1024, (stages, pf)  # one resident CTA per SM

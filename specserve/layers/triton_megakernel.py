@@ -91,11 +91,44 @@ def _signal(ptr, n):
     tl.atomic_add(ptr, n, sem="release", scope="gpu")
 
 
+# the pointer table's columns (one row per layer): the engine's own tensors, read in place
+T_QKV, T_O, T_GU, T_DOWN, T_IN_NORM, T_POST_NORM, T_Q_NORM, T_K_NORM, T_K_CACHE, T_V_CACHE = range(10)
+TABLE_COLS = 10
+
+
 @triton.jit
-def _l2_prefetch(base, rows, cols, H: tl.constexpr, USE_PF: tl.constexpr):
-    # one prefetch per 128-byte line of a [RB, H] bf16 unit (64 bf16 a line)
+def _ptr(table, layer, col: tl.constexpr):
+    # torch's allocations are 256-byte aligned: the hint keeps the weight loads vectorised (16 bytes a thread)
+    return tl.multiple_of(tl.load(table + layer * 10 + col).to(tl.pointer_type(tl.bfloat16)), 16)
+
+
+@triton.jit
+def _unit_rows(base, u, rows, H: tl.constexpr, I: tl.constexpr, RB: tl.constexpr, KIND: tl.constexpr):
+    """Pointers to the starts of GEMV unit u's RB weight rows (each H elements long) in an nn.Linear [N, K] weight:
+    KIND 0 rows u * RB.. of [N, H] (qkv, o_proj, LM head); 1 gate_up [2I, H]: gate rows u * RB/2.. then the up rows
+    I + u * RB/2.. (the unit ends in its own SiLU-mul); 2 down_proj [H, I]: K chunk c = u * RB // H of rows
+    u * RB % H.."""
+    if KIND == 0:
+        return base + (u * RB + rows) * H
+    elif KIND == 1:
+        RB2: tl.constexpr = RB // 2
+        return base + tl.where(rows < RB2, u * RB2 + rows, I + u * RB2 + rows - RB2) * H
+    else:
+        c = (u * RB) // H
+        return base + (u * RB - c * H + rows) * I + c * H
+
+
+@triton.jit
+def _load_unit(rowp, u, rows, cols, RB: tl.constexpr, N):
+    # unit u's [RB, H] weights; rows past the phase's N (unit rows x units; the LM head's vocabulary) read as zero
+    return tl.load(rowp[:, None] + cols[None, :], mask=(u * RB + rows < N)[:, None], other=0.0)
+
+
+@triton.jit
+def _l2_prefetch(rowp, cols64, USE_PF: tl.constexpr):
+    # one prefetch per 128-byte line of a unit's rows (64 bf16 a line)
     if USE_PF:
-        lines = base + rows[:, None] * H + cols[None, :] * 64
+        lines = rowp[:, None] + cols64[None, :] * 64
         tl.inline_asm_elementwise(
             "prefetch.global.L2::evict_last [$1]; mov.u32 $0, 0;",
             "=r,l",
@@ -107,27 +140,19 @@ def _l2_prefetch(base, rows, cols, H: tl.constexpr, USE_PF: tl.constexpr):
 
 
 @triton.jit
-def _load_unit(base, u, rows, cols, H: tl.constexpr, RB: tl.constexpr, NROWS):
-    # the [RB, H] weight rows of GEMV unit u (rows past NROWS read as zero: a program past its last unit)
-    return tl.load(
-        base + (u * RB + rows)[:, None] * H + cols[None, :], mask=(u * RB + rows)[:, None] < NROWS, other=0.0
-    )
-
-
-@triton.jit
-def _prefetch_units(base, pid, G, U, rows, cols, H: tl.constexpr, RB: tl.constexpr, USE_PF: tl.constexpr,
-                    PF: tl.constexpr):  # fmt: skip
+def _prefetch_units(base, pid, G, U, rows, cols64, H: tl.constexpr, I: tl.constexpr, RB: tl.constexpr,
+                    KIND: tl.constexpr, USE_PF: tl.constexpr, PF: tl.constexpr):  # fmt: skip
     # units 1..PF of this program's share of a phase into L2 (unit 0 is in registers already)
     for j in tl.static_range(PF):
         u = pid + (j + 1) * G
         if u < U:
-            _l2_prefetch(base + u * RB * H, rows, cols, H, USE_PF)
+            _l2_prefetch(_unit_rows(base, u, rows, H, I, RB, KIND), cols64, USE_PF)
 
 
 @triton.jit
-def _silu_unit(w3, x, r2):
-    # a gate_up unit [2, RB/2, H] (gate rows, up rows) against x: silu(gate) * up, [RB/2]
-    acc = tl.sum(w3.to(tl.float32) * x[None, None, :], axis=2)
+def _silu_unit(w, x, r2, RB2: tl.constexpr):
+    # a gate_up unit [RB, H] (RB/2 gate rows, then their RB/2 up rows) against x: silu(gate) * up, [RB/2]
+    acc = tl.reshape(tl.sum(w.to(tl.float32) * x[None, :], axis=1), [2, RB2])
     gate = tl.sum(tl.where(r2[:, None] == 0, acc, 0.0), axis=0)
     up = tl.sum(tl.where(r2[:, None] == 1, acc, 0.0), axis=0)
     return gate / (1.0 + tl.exp(-gate)) * up
@@ -138,7 +163,7 @@ def _residual(h_mid, dpart, x0, layer, offs, H: tl.constexpr, C: tl.constexpr, m
     """Rows ``offs`` of layer ``layer``'s input residual: the embedding at layer 0, else the previous layer's
     h_mid plus its C down_proj partials."""
     if layer == 0:
-        r = tl.load(x0 + offs, mask=mask, other=0.0, cache_modifier=".cg")
+        r = tl.load(x0 + offs, mask=mask, other=0.0).to(tl.float32)
     else:
         pl = layer - 1
         r = tl.load(h_mid + pl * H + offs, mask=mask, other=0.0, cache_modifier=".cg")
@@ -147,34 +172,33 @@ def _residual(h_mid, dpart, x0, layer, offs, H: tl.constexpr, C: tl.constexpr, m
     return r
 
 
-@triton.jit(do_not_specialize=["pos", "S"])
+@triton.jit
+def _kv_rows(cache, block_table, tpos, kvh, valid, NKV: tl.constexpr, D: tl.constexpr, BS: tl.constexpr):
+    # row starts of positions ``tpos`` of KV head ``kvh`` in a paged cache [blocks, BS, NKV, D]
+    blk = tl.load(block_table + tpos // BS, mask=valid, other=0)
+    return cache + ((blk * BS + tpos % BS) * NKV + kvh) * D  # int32 offsets: a layer's cache < 2**31 elements
+
+
+@triton.jit(do_not_specialize=["eps", "scale"])
 def _mega_decode_kernel(
-    wqkv,
-    wo,
-    wgu,
-    wd,
-    wlm,  # stacked bf16 weights: [L,NQKV,H], [L,H,H], [L,2I,H] (interleaved), [L,C,H,H], [V,H]
-    in_norm,
-    post_norm,
-    q_norm,
-    k_norm,
-    final_norm,  # [L,H], [L,H], [L,D], [L,D], [H]
-    k_cache,
-    v_cache,  # [L, NKV, MAXT, D] bf16
+    table,  # int64 [L, 10]: per layer the addresses of qkv [NQKV,H], o [H,H], gate_up [2I,H], down [H,I] (bf16,
+    # nn.Linear layout), input / post-attention norms [H], q / k norms [D], K / V caches [blocks, BS, NKV, D]
+    wlm,  # [V, H] bf16 (HAS_LM)
+    final_norm,  # [H] bf16
+    block_table,  # int32: the request's blocks
+    pos_ptr,  # int64 [1]: the new token's position (its K / V land there; it attends to 0..pos)
     cos_tab,
-    sin_tab,  # [MAXT, D/2] fp32
-    x0,
+    sin_tab,  # fp32 [max_position, D] (rotate-half layout: the first D/2 columns are used)
+    x0,  # [H]: the new token's embedding (bf16 or fp32)
     qkv_buf,
     att_o,
     att_lse,
     h_mid,
     act,
     dpart,
-    logits,
+    out,  # HAS_LM: fp32 logits [V]; else the final-normed hidden state [H] (its dtype)
     counters,
     stamps,
-    pos,
-    S,
     eps,
     scale,
     L: tl.constexpr,
@@ -186,8 +210,7 @@ def _mega_decode_kernel(
     V: tl.constexpr,
     CH: tl.constexpr,
     RB: tl.constexpr,
-    MAXT: tl.constexpr,
-    SMAX: tl.constexpr,
+    BS: tl.constexpr,
     USE_PF: tl.constexpr,
     PF: tl.constexpr,
     UPCAST: tl.constexpr,
@@ -195,6 +218,7 @@ def _mega_decode_kernel(
     STAGES: tl.constexpr,
     SP: tl.constexpr,
     PFO: tl.constexpr,
+    HAS_LM: tl.constexpr,
 ):
     pid = tl.program_id(0)
     G = tl.num_programs(0)
@@ -206,49 +230,55 @@ def _mega_decode_kernel(
     U_O: tl.constexpr = H // RB
     U_GU: tl.constexpr = 2 * I // RB
     U_DN: tl.constexpr = C * (H // RB)
-    U_LM = (V + RB - 1) // RB
+    U_LM: tl.constexpr = (V + RB - 1) // RB
     RB2: tl.constexpr = RB // 2
     rows = tl.arange(0, RB)
     cols = tl.arange(0, H)
     pf_cols = tl.arange(0, H // 64)
+    r2 = tl.arange(0, 2)
+    r4 = tl.arange(0, RB2)
+    pos = tl.load(pos_ptr).to(tl.int32)
+    S = pos // CH + 1  # attention chunks
     NT = NKV * S  # attention units
 
     # the first qkv unit of layer 0 (the prefetch that every later phase does at the end of the one before)
-    w = _load_unit(wqkv, pid, rows, cols, H, RB, NQKV)
+    w = _load_unit(_unit_rows(_ptr(table, 0, 0), pid, rows, H, I, RB, 0), pid, rows, cols, RB, NQKV)
     for layer in range(L):
-        lw = (
-            tl.full([], 0, tl.int64) + layer
-        )  # weight offsets pass 2**31 (gate_up of the 8B shape from layer 22)
+        p_qkv = _ptr(table, layer, 0)
+        p_o = _ptr(table, layer, 1)
+        p_gu = _ptr(table, layer, 2)
+        p_dn = _ptr(table, layer, 3)
+        k_cache = _ptr(table, layer, 8)
+        v_cache = _ptr(table, layer, 9)
         # ---------------- qkv: x = rmsnorm(residual) ----------------
         n_units = (U_QKV - pid + G - 1) // G
-        base = wqkv + lw * (NQKV * H)
-        _prefetch_units(base, pid, G, U_QKV, rows, pf_cols, H, RB, USE_PF, PF)
+        _prefetch_units(p_qkv, pid, G, U_QKV, rows, pf_cols, H, I, RB, 0, USE_PF, PF)
         if layer > 0:
             _wait(counters + (layer - 1) * 5 + 4, U_DN)
         _stamp(stamps, pid, layer, 0, L, STAMP)
         r = _residual(h_mid, dpart, x0, layer, cols, H, C, cols < H)
         inv = 1.0 / tl.sqrt(tl.sum(r * r, axis=0) / H + eps)
-        x = r * inv * tl.load(in_norm + layer * H + cols).to(tl.float32)
+        x = r * inv * tl.load(_ptr(table, layer, 4) + cols).to(tl.float32)
         if STAGES > 1:
             if n_units > 0:
                 acc = tl.sum(w.to(tl.float32) * x[None, :], axis=1)
                 tl.store(qkv_buf + layer * NQKV + pid * RB + rows, acc)
             for i in tl.range(1, n_units, num_stages=STAGES):
                 u = pid + i * G
-                wi = tl.load(base + (u * RB + rows)[:, None] * H + cols[None, :])
+                wi = tl.load(_unit_rows(p_qkv, u, rows, H, I, RB, 0)[:, None] + cols[None, :])
                 acc = tl.sum(wi.to(tl.float32) * x[None, :], axis=1)
                 tl.store(qkv_buf + layer * NQKV + u * RB + rows, acc)
         else:
             for i in range(n_units):
                 u = pid + i * G
                 un = u + G
-                wn = _load_unit(base, un, rows, cols, H, RB, NQKV)
+                wn = _load_unit(_unit_rows(p_qkv, un, rows, H, I, RB, 0), un, rows, cols, RB, NQKV)
                 acc = tl.sum(w.to(tl.float32) * x[None, :], axis=1)
                 tl.store(qkv_buf + layer * NQKV + u * RB + rows, acc)
                 w = wn
         _stamp(stamps, pid, layer, 6, L, STAMP)
         # o_proj's weights into L2 while the attention runs (the DRAM would idle through it)
-        _prefetch_units(wo + lw * (H * H), pid, G, U_O, rows, pf_cols, H, RB, PFO > 0, PFO)
+        _prefetch_units(p_o, pid, G, U_O, rows, pf_cols, H, I, RB, 0, PFO > 0, PFO)
         # ---------------- attention units: (kv head, chunk) ----------------
         d_h = tl.arange(0, HD)
         tok = tl.arange(0, CH)
@@ -257,12 +287,13 @@ def _mega_decode_kernel(
         kvh = t % NKV
         ch = t // NKV
         tpos = ch * CH + tok
-        cache_off = ((layer * NKV + kvh) * MAXT + tpos)[:, None] * D
-        past = ((tpos < pos) & (tok * 0 + t < NT))[:, None]
-        ka = tl.load(k_cache + cache_off + d_h[None, :], mask=past, other=0.0)
-        kb = tl.load(k_cache + cache_off + HD + d_h[None, :], mask=past, other=0.0)
-        va = tl.load(v_cache + cache_off + d_h[None, :], mask=past, other=0.0)
-        vb = tl.load(v_cache + cache_off + HD + d_h[None, :], mask=past, other=0.0)
+        past = (tpos < pos) & (tok * 0 + t < NT)
+        krow = _kv_rows(k_cache, block_table, tpos, kvh, past, NKV, D, BS)
+        vrow = _kv_rows(v_cache, block_table, tpos, kvh, past, NKV, D, BS)
+        ka = tl.load(krow[:, None] + d_h[None, :], mask=past[:, None], other=0.0)
+        kb = tl.load(krow[:, None] + HD + d_h[None, :], mask=past[:, None], other=0.0)
+        va = tl.load(vrow[:, None] + d_h[None, :], mask=past[:, None], other=0.0)
+        vb = tl.load(vrow[:, None] + HD + d_h[None, :], mask=past[:, None], other=0.0)
         _signal(counters + layer * 5 + 0, n_units)
         if pid < NT:
             _wait(counters + layer * 5 + 0, U_QKV)
@@ -272,12 +303,13 @@ def _mega_decode_kernel(
                 ch = tt // NKV
                 tpos = ch * CH + tok
                 if tt != pid:  # more attention units than programs (the interpreter's grid of one): load here
-                    cache_off = ((layer * NKV + kvh) * MAXT + tpos)[:, None] * D
-                    past = (tpos < pos)[:, None]
-                    ka = tl.load(k_cache + cache_off + d_h[None, :], mask=past, other=0.0)
-                    kb = tl.load(k_cache + cache_off + HD + d_h[None, :], mask=past, other=0.0)
-                    va = tl.load(v_cache + cache_off + d_h[None, :], mask=past, other=0.0)
-                    vb = tl.load(v_cache + cache_off + HD + d_h[None, :], mask=past, other=0.0)
+                    past = tpos < pos
+                    krow = _kv_rows(k_cache, block_table, tpos, kvh, past, NKV, D, BS)
+                    vrow = _kv_rows(v_cache, block_table, tpos, kvh, past, NKV, D, BS)
+                    ka = tl.load(krow[:, None] + d_h[None, :], mask=past[:, None], other=0.0)
+                    kb = tl.load(krow[:, None] + HD + d_h[None, :], mask=past[:, None], other=0.0)
+                    va = tl.load(vrow[:, None] + d_h[None, :], mask=past[:, None], other=0.0)
+                    vb = tl.load(vrow[:, None] + HD + d_h[None, :], mask=past[:, None], other=0.0)
                 qb = qkv_buf + layer * NQKV
                 qrow = (kvh * GQ + g16)[:, None] * D
                 qmask = (g16 < GQ)[:, None]
@@ -290,25 +322,28 @@ def _mega_decode_kernel(
                 vna = tl.load(vo + d_h, cache_modifier=".cg")
                 vnb = tl.load(vo + HD + d_h, cache_modifier=".cg")
                 # q / k RMSNorm over the head, then RoPE (rotate-half form)
-                qn_a = tl.load(q_norm + layer * D + d_h).to(tl.float32)
-                qn_b = tl.load(q_norm + layer * D + HD + d_h).to(tl.float32)
-                kn_a = tl.load(k_norm + layer * D + d_h).to(tl.float32)
-                kn_b = tl.load(k_norm + layer * D + HD + d_h).to(tl.float32)
+                p_qn = _ptr(table, layer, 6)
+                p_kn = _ptr(table, layer, 7)
+                qn_a = tl.load(p_qn + d_h).to(tl.float32)
+                qn_b = tl.load(p_qn + HD + d_h).to(tl.float32)
+                kn_a = tl.load(p_kn + d_h).to(tl.float32)
+                kn_b = tl.load(p_kn + HD + d_h).to(tl.float32)
                 qi = 1.0 / tl.sqrt((tl.sum(qa * qa, axis=1) + tl.sum(qbb * qbb, axis=1)) / D + eps)
                 qa = qa * qi[:, None] * qn_a[None, :]
                 qbb = qbb * qi[:, None] * qn_b[None, :]
                 ki = 1.0 / tl.sqrt((tl.sum(kna * kna, axis=0) + tl.sum(knb * knb, axis=0)) / D + eps)
                 kna = kna * ki * kn_a
                 knb = knb * ki * kn_b
-                cs = tl.load(cos_tab + pos * HD + d_h)
-                sn = tl.load(sin_tab + pos * HD + d_h)
+                cs = tl.load(cos_tab + pos * D + d_h)
+                sn = tl.load(sin_tab + pos * D + d_h)
                 qra = qa * cs[None, :] - qbb * sn[None, :]
                 qrb = qbb * cs[None, :] + qa * sn[None, :]
                 kra = kna * cs - knb * sn
                 krb = knb * cs + kna * sn
                 own = (pos >= ch * CH) & (pos < ch * CH + CH)
                 if own:
-                    noff = ((layer * NKV + kvh) * MAXT + pos) * D
+                    blk = tl.load(block_table + pos // BS)
+                    noff = ((blk * BS + pos % BS) * NKV + kvh) * D
                     tl.store(k_cache + noff + d_h, kra.to(tl.bfloat16))
                     tl.store(k_cache + noff + HD + d_h, krb.to(tl.bfloat16))
                     tl.store(v_cache + noff + d_h, vna.to(tl.bfloat16))
@@ -337,20 +372,18 @@ def _mega_decode_kernel(
                 ob = ob / lsum[:, None]
                 heads = kvh * GQ + g16
                 hmask = g16 < GQ
-                obase = att_o + ((layer * SMAX + ch) * NH + heads)[:, None] * D
+                # one attention buffer for all layers: layer l + 1's attention starts after layer l's o_proj
+                obase = att_o + (ch * NH + heads)[:, None] * D
                 tl.store(obase + d_h[None, :], oa, mask=hmask[:, None])
                 tl.store(obase + HD + d_h[None, :], ob, mask=hmask[:, None])
-                tl.store(att_lse + (layer * SMAX + ch) * NH + heads, m + tl.log(lsum), mask=hmask)
+                tl.store(att_lse + ch * NH + heads, m + tl.log(lsum), mask=hmask)
             _stamp(stamps, pid, layer, 7, L, STAMP)
             _signal(counters + layer * 5 + 1, (NT - pid + G - 1) // G)
-            # the first o_proj unit, loaded after the attention (its registers were the K / V tiles')
-            w = _load_unit(wo + lw * (H * H), pid, rows, cols, H, RB, H)
-        else:
-            w = _load_unit(wo + lw * (H * H), pid, rows, cols, H, RB, H)
+        # the first o_proj unit (for the attention's programs after it: its registers were the K / V tiles')
+        w = _load_unit(_unit_rows(p_o, pid, rows, H, I, RB, 0), pid, rows, cols, RB, H)
         # ---------------- o_proj: x = merged attention; out + residual -> h_mid ----------------
         n_units = (U_O - pid + G - 1) // G
-        base = wo + lw * (H * H)
-        _prefetch_units(base, pid, G, U_O, rows, pf_cols, H, RB, USE_PF, PF)
+        _prefetch_units(p_o, pid, G, U_O, rows, pf_cols, H, I, RB, 0, USE_PF, PF)
         rres = _residual(h_mid, dpart, x0, layer, pid * RB + rows, H, C, pid * RB + rows < H)
         _wait(counters + layer * 5 + 1, NT)
         _stamp(stamps, pid, layer, 2, L, STAMP)
@@ -360,13 +393,13 @@ def _mega_decode_kernel(
             sp = tl.arange(0, SP)
             spm = sp < S
             lse = tl.load(
-                att_lse + (layer * SMAX + sp[:, None]) * NH + hh[None, :],
+                att_lse + sp[:, None] * NH + hh[None, :],
                 mask=spm[:, None],
                 other=float("-inf"),
                 cache_modifier=".cg",
             )
             o3 = tl.load(
-                att_o + ((layer * SMAX + sp[:, None, None]) * NH + hh[None, :, None]) * D + dd[None, None, :],
+                att_o + (sp[:, None, None] * NH + hh[None, :, None]) * D + dd[None, None, :],
                 mask=spm[:, None, None],
                 other=0.0,
                 cache_modifier=".cg",
@@ -380,10 +413,8 @@ def _mega_decode_kernel(
             den = tl.zeros([NH], tl.float32)
             num = tl.zeros([NH, D], tl.float32)
             for sidx in range(S):
-                lse = tl.load(att_lse + (layer * SMAX + sidx) * NH + hh, cache_modifier=".cg")
-                o = tl.load(
-                    att_o + ((layer * SMAX + sidx) * NH + hh)[:, None] * D + dd[None, :], cache_modifier=".cg"
-                )
+                lse = tl.load(att_lse + sidx * NH + hh, cache_modifier=".cg")
+                o = tl.load(att_o + (sidx * NH + hh)[:, None] * D + dd[None, :], cache_modifier=".cg")
                 mn = tl.maximum(mx, lse)
                 a = tl.exp(mx - mn)
                 b = tl.exp(lse - mn)
@@ -397,7 +428,7 @@ def _mega_decode_kernel(
                 tl.store(h_mid + layer * H + pid * RB + rows, acc + rres)
             for i in tl.range(1, n_units, num_stages=STAGES):
                 u = pid + i * G
-                wi = tl.load(base + (u * RB + rows)[:, None] * H + cols[None, :])
+                wi = tl.load(_unit_rows(p_o, u, rows, H, I, RB, 0)[:, None] + cols[None, :])
                 ri = _residual(h_mid, dpart, x0, layer, u * RB + rows, H, C, u * RB + rows < H)
                 acc = tl.sum(wi.to(tl.float32) * x[None, :], axis=1)
                 tl.store(h_mid + layer * H + u * RB + rows, acc + ri)
@@ -405,51 +436,45 @@ def _mega_decode_kernel(
             for i in range(n_units):
                 u = pid + i * G
                 un = u + G
-                wn = _load_unit(base, un, rows, cols, H, RB, H)
+                wn = _load_unit(_unit_rows(p_o, un, rows, H, I, RB, 0), un, rows, cols, RB, H)
                 rn = _residual(h_mid, dpart, x0, layer, un * RB + rows, H, C, un * RB + rows < H)
                 acc = tl.sum(w.to(tl.float32) * x[None, :], axis=1)
                 tl.store(h_mid + layer * H + u * RB + rows, acc + rres)
                 w = wn
                 rres = rn
-        # the first gate_up unit: [2, RB/2, H] (gate rows, up rows)
-        base = wgu + lw * (2 * I * H)
-        r2 = tl.arange(0, 2)
-        r4 = tl.arange(0, RB2)
-        gurow = (r2[:, None] * RB2 + r4[None, :])[:, :, None] * H + cols[None, None, :]
-        guidx = (r2[:, None] * RB2 + r4[None, :])[:, :, None]
-        w3 = tl.load(base + pid * RB * H + gurow, mask=pid * RB + guidx < 2 * I, other=0.0)
+        # the first gate_up unit
+        w = _load_unit(_unit_rows(p_gu, pid, rows, H, I, RB, 1), pid, rows, cols, RB, 2 * I)
         _stamp(stamps, pid, layer, 8, L, STAMP)
         _signal(counters + layer * 5 + 2, n_units)
         # ---------------- gate_up + SiLU-mul: x = rmsnorm(h_mid) ----------------
         n_units = (U_GU - pid + G - 1) // G
-        _prefetch_units(base, pid, G, U_GU, rows, pf_cols, H, RB, USE_PF, PF)
+        _prefetch_units(p_gu, pid, G, U_GU, rows, pf_cols, H, I, RB, 1, USE_PF, PF)
         _wait(counters + layer * 5 + 2, U_O)
         _stamp(stamps, pid, layer, 3, L, STAMP)
         hm = tl.load(h_mid + layer * H + cols, cache_modifier=".cg")
         inv = 1.0 / tl.sqrt(tl.sum(hm * hm, axis=0) / H + eps)
-        x = hm * inv * tl.load(post_norm + layer * H + cols).to(tl.float32)
+        x = hm * inv * tl.load(_ptr(table, layer, 5) + cols).to(tl.float32)
         if STAGES > 1:
             if n_units > 0:
-                tl.store(act + layer * I + pid * RB2 + r4, _silu_unit(w3, x, r2))
+                tl.store(act + layer * I + pid * RB2 + r4, _silu_unit(w, x, r2, RB2))
             for i in tl.range(1, n_units, num_stages=STAGES):
                 u = pid + i * G
-                wi3 = tl.load(base + u * RB * H + gurow)
-                tl.store(act + layer * I + u * RB2 + r4, _silu_unit(wi3, x, r2))
+                wi = tl.load(_unit_rows(p_gu, u, rows, H, I, RB, 1)[:, None] + cols[None, :])
+                tl.store(act + layer * I + u * RB2 + r4, _silu_unit(wi, x, r2, RB2))
         else:
             for i in range(n_units):
                 u = pid + i * G
                 un = u + G
-                wn3 = tl.load(base + un * RB * H + gurow, mask=un * RB + guidx < 2 * I, other=0.0)
-                tl.store(act + layer * I + u * RB2 + r4, _silu_unit(w3, x, r2))
-                w3 = wn3
-        # the first down unit: chunk c = u // (H / RB), rows (u % (H / RB)) * RB
-        base = wd + lw * (C * H * H)
-        w = _load_unit(base, pid, rows, cols, H, RB, C * H)
+                wn = _load_unit(_unit_rows(p_gu, un, rows, H, I, RB, 1), un, rows, cols, RB, 2 * I)
+                tl.store(act + layer * I + u * RB2 + r4, _silu_unit(w, x, r2, RB2))
+                w = wn
+        # the first down unit: K chunk c = u * RB // H, rows u * RB % H..
+        w = _load_unit(_unit_rows(p_dn, pid, rows, H, I, RB, 2), pid, rows, cols, RB, C * H)
         _stamp(stamps, pid, layer, 9, L, STAMP)
         _signal(counters + layer * 5 + 3, n_units)
         # ---------------- down_proj: K chunks of H, partials to dpart[layer, c] ----------------
         n_units = (U_DN - pid + G - 1) // G
-        _prefetch_units(base, pid, G, U_DN, rows, pf_cols, H, RB, USE_PF, PF)
+        _prefetch_units(p_dn, pid, G, U_DN, rows, pf_cols, H, I, RB, 2, USE_PF, PF)
         _wait(counters + layer * 5 + 3, U_GU)
         _stamp(stamps, pid, layer, 4, L, STAMP)
         c0 = (pid * RB) // H
@@ -460,7 +485,7 @@ def _mega_decode_kernel(
                 tl.store(dpart + layer * C * H + pid * RB + rows, acc)
             for i in tl.range(1, n_units, num_stages=STAGES):
                 u = pid + i * G
-                wi = tl.load(base + (u * RB + rows)[:, None] * H + cols[None, :])
+                wi = tl.load(_unit_rows(p_dn, u, rows, H, I, RB, 2)[:, None] + cols[None, :])
                 xi = tl.load(act + layer * I + ((u * RB) // H) * H + cols, cache_modifier=".cg")
                 acc = tl.sum(wi.to(tl.float32) * xi[None, :], axis=1)
                 tl.store(dpart + layer * C * H + u * RB + rows, acc)
@@ -468,7 +493,7 @@ def _mega_decode_kernel(
             for i in range(n_units):
                 u = pid + i * G
                 un = u + G
-                wn = _load_unit(base, un, rows, cols, H, RB, C * H)
+                wn = _load_unit(_unit_rows(p_dn, un, rows, H, I, RB, 2), un, rows, cols, RB, C * H)
                 cn = (un * RB) // H
                 xn = tl.load(
                     act + layer * I + cn * H + cols, mask=cn * H + cols < I, other=0.0, cache_modifier=".cg"
@@ -480,35 +505,48 @@ def _mega_decode_kernel(
                 xa = xn
         # the first unit of the next layer's qkv (or the LM head)
         if layer + 1 < L:
-            w = _load_unit(wqkv + (lw + 1) * (NQKV * H), pid, rows, cols, H, RB, NQKV)
-        else:
-            w = _load_unit(wlm, pid, rows, cols, H, RB, V)
+            w = _load_unit(
+                _unit_rows(_ptr(table, layer + 1, 0), pid, rows, H, I, RB, 0), pid, rows, cols, RB, NQKV
+            )
+        elif HAS_LM:
+            w = _load_unit(_unit_rows(wlm, pid, rows, H, I, RB, 0), pid, rows, cols, RB, V)
         _stamp(stamps, pid, layer, 10, L, STAMP)
         _signal(counters + layer * 5 + 4, n_units)
-    # ---------------- final norm + LM head ----------------
-    n_units = (U_LM - pid + G - 1) // G
+    # ---------------- final norm (+ LM head) ----------------
     _wait(counters + (L - 1) * 5 + 4, U_DN)
     _stamp(stamps, pid, L, 0, L, STAMP)
     r = _residual(h_mid, dpart, x0, L, cols, H, C, cols < H)
     inv = 1.0 / tl.sqrt(tl.sum(r * r, axis=0) / H + eps)
     x = r * inv * tl.load(final_norm + cols).to(tl.float32)
-    if STAGES > 1:
-        if n_units > 0:
-            acc = tl.sum(w.to(tl.float32) * x[None, :], axis=1)
-            tl.store(logits + pid * RB + rows, acc, mask=pid * RB + rows < V)
-        for i in tl.range(1, n_units, num_stages=STAGES):
-            u = pid + i * G
-            wi = _load_unit(wlm, u, rows, cols, H, RB, V)
-            acc = tl.sum(wi.to(tl.float32) * x[None, :], axis=1)
-            tl.store(logits + u * RB + rows, acc, mask=u * RB + rows < V)
-    else:
-        for i in range(n_units):
-            u = pid + i * G
-            un = u + G
-            wn = _load_unit(wlm, un, rows, cols, H, RB, V)
-            acc = tl.sum(w.to(tl.float32) * x[None, :], axis=1)
-            tl.store(logits + u * RB + rows, acc, mask=u * RB + rows < V)
-            w = wn
+    if HAS_LM:
+        n_units = (U_LM - pid + G - 1) // G
+        if STAGES > 1:
+            if n_units > 0:
+                acc = tl.sum(w.to(tl.float32) * x[None, :], axis=1)
+                tl.store(out + pid * RB + rows, acc, mask=pid * RB + rows < V)
+            for i in tl.range(1, n_units, num_stages=STAGES):
+                u = pid + i * G
+                wi = tl.load(
+                    _unit_rows(wlm, u, rows, H, I, RB, 0)[:, None] + cols[None, :],
+                    mask=(u * RB + rows < V)[:, None],
+                    other=0.0,
+                )
+                acc = tl.sum(wi.to(tl.float32) * x[None, :], axis=1)
+                tl.store(out + u * RB + rows, acc, mask=u * RB + rows < V)
+        else:
+            for i in range(n_units):
+                u = pid + i * G
+                un = u + G
+                wn = tl.load(
+                    _unit_rows(wlm, un, rows, H, I, RB, 0)[:, None] + cols[None, :],
+                    mask=(un * RB + rows < V)[:, None],
+                    other=0.0,
+                )
+                acc = tl.sum(w.to(tl.float32) * x[None, :], axis=1)
+                tl.store(out + u * RB + rows, acc, mask=u * RB + rows < V)
+                w = wn
+    elif pid == 0:
+        tl.store(out + cols, x.to(out.dtype.element_ty))
     _stamp(stamps, pid, L, 5, L, STAMP)
 
 
@@ -556,42 +594,97 @@ class MegaConfig:
         )
 
 
-class MegaDecoder:
-    """Stacked weights, caches and scratch of one batch-1 decode stream; :meth:`step` runs one token."""
+def _pow2(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
 
-    def __init__(self, cfg: MegaConfig, weights: dict[str, torch.Tensor], device: torch.device) -> None:
-        h, i = cfg.hidden, cfg.intermediate
-        if i % h:
-            raise ValueError(f"the megakernel needs intermediate_size % hidden_size == 0, got {i} / {h}")
-        if h % 64 or (cfg.heads + 2 * cfg.kv_heads) * cfg.head_dim % cfg.rows or (2 * i) % cfg.rows:
-            raise ValueError(
-                "hidden must be a multiple of 64 and every GEMM's rows a multiple of the unit rows"
-            )
-        if cfg.heads * cfg.head_dim != h:
-            raise ValueError("the megakernel needs heads * head_dim == hidden_size")
-        if cfg.heads // cfg.kv_heads > 16 or cfg.rows % 2:
-            raise ValueError("at most 16 query heads per KV head; an even unit row count")
-        self.cfg = cfg
-        self.device = device
-        L, d = cfg.layers, cfg.head_dim
-        self.w = weights
-        self.smax = -(-cfg.max_tokens // cfg.chunk)
-        f32 = dict(dtype=torch.float32, device=device)
-        self.k_cache = torch.zeros(L, cfg.kv_heads, cfg.max_tokens, d, dtype=torch.bfloat16, device=device)
-        self.v_cache = torch.zeros_like(self.k_cache)
-        inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, d // 2, dtype=torch.float64) * 2 / d))
-        ang = torch.arange(cfg.max_tokens, dtype=torch.float64)[:, None] * inv[None, :]
-        self.cos = ang.cos().to(**f32).contiguous()
-        self.sin = ang.sin().to(**f32).contiguous()
+
+def check_shapes(cfg: MegaConfig) -> None:
+    """Raise ValueError where the kernel cannot run ``cfg``'s shapes."""
+    h, i = cfg.hidden, cfg.intermediate
+    if i % h:
+        raise ValueError(f"the megakernel needs intermediate_size % hidden_size == 0, got {i} / {h}")
+    if cfg.heads * cfg.head_dim != h:
+        raise ValueError("the megakernel needs heads * head_dim == hidden_size")
+    if not all(_pow2(n) for n in (h, cfg.head_dim, cfg.heads, cfg.chunk)) or h < 64:
+        raise ValueError("the megakernel needs power-of-2 hidden size (>= 64), head_dim, heads and chunk")
+    if cfg.heads % cfg.kv_heads or cfg.heads // cfg.kv_heads > 16:
+        raise ValueError("at most 16 query heads per KV head")
+    if cfg.rows % 2 or (cfg.heads + 2 * cfg.kv_heads) * cfg.head_dim % cfg.rows or h % cfg.rows:
+        raise ValueError("an even unit row count that divides every projection's rows")
+
+
+class MegaKernel:
+    """One batch-1 decode stream's launch state over given tensors (the engine's parameters and paged KV caches, or
+    :class:`MegaDecoder`'s): the pointer table, the scratch buffers and the arrival counters. The tensors must
+    outlive it and stay where they are (the table holds their addresses).
+
+    ``layers[i]``: ``qkv`` [(heads + 2 kv_heads) * head_dim, H], ``o`` [H, H], ``gate_up`` [2I, H] (gate rows then up
+    rows), ``down`` [H, I] (bf16, nn.Linear's layout, contiguous), ``in_norm`` / ``post_norm`` [H], ``q_norm`` /
+    ``k_norm`` [head_dim]; ``k_caches[i]`` / ``v_caches[i]`` [blocks, block_size, kv_heads, head_dim] bf16;
+    ``cos`` / ``sin`` fp32 [max_position, head_dim] (rotate-half layout; the first head_dim / 2 columns are read);
+    ``lm_head`` [V, H] or None (then :meth:`launch` writes the final-normed hidden state instead of logits)."""
+
+    def __init__(
+        self,
+        cfg: MegaConfig,
+        layers: list[dict[str, torch.Tensor]],
+        k_caches: list[torch.Tensor],
+        v_caches: list[torch.Tensor],
+        final_norm: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        lm_head: torch.Tensor | None,
+        max_tokens: int,
+    ) -> None:
+        check_shapes(cfg)
+        h, i, d = cfg.hidden, cfg.intermediate, cfg.head_dim
         nqkv = (cfg.heads + 2 * cfg.kv_heads) * d
-        self.x0 = torch.zeros(h, **f32)
+        shapes = {
+            "qkv": (nqkv, h),
+            "o": (h, h),
+            "gate_up": (2 * i, h),
+            "down": (h, i),
+            "in_norm": (h,),
+            "post_norm": (h,),
+            "q_norm": (d,),
+            "k_norm": (d,),
+        }
+        if len(layers) != cfg.layers or len(k_caches) != cfg.layers or len(v_caches) != cfg.layers:
+            raise ValueError(f"{cfg.layers} layers and caches expected")
+        block_size = k_caches[0].shape[1]
+        rows = []
+        for n, ly in enumerate(layers):
+            for name, shape in shapes.items():
+                t = ly[name]
+                if tuple(t.shape) != shape or t.dtype != torch.bfloat16 or not t.is_contiguous():
+                    raise ValueError(
+                        f"layer {n} {name}: {tuple(t.shape)} {t.dtype}, want {shape} bf16 contiguous"
+                    )
+            for c in (k_caches[n], v_caches[n]):
+                if (
+                    c.dim() != 4
+                    or tuple(c.shape[1:]) != (block_size, cfg.kv_heads, d)
+                    or c.dtype != torch.bfloat16
+                    or not c.is_contiguous()
+                ):
+                    raise ValueError(f"layer {n}: a KV cache of {tuple(c.shape)} {c.dtype}")
+            rows.append([ly[k].data_ptr() for k in shapes] + [k_caches[n].data_ptr(), v_caches[n].data_ptr()])
+        self.cfg = cfg
+        self.device = device = final_norm.device
+        self.block_size = block_size
+        self.table = torch.tensor(rows, dtype=torch.int64, device=device)
+        self.keep = (layers, k_caches, v_caches)  # the table's tensors
+        self.final_norm, self.cos, self.sin, self.lm_head = final_norm, cos, sin, lm_head
+        self.max_tokens = max_tokens
+        smax = -(-max_tokens // cfg.chunk)
+        L = cfg.layers
+        f32 = dict(dtype=torch.float32, device=device)
         self.qkv = torch.zeros(L, nqkv, **f32)
-        self.att_o = torch.zeros(L, self.smax, cfg.heads, d, **f32)
-        self.att_lse = torch.zeros(L, self.smax, cfg.heads, **f32)
+        self.att_o = torch.zeros(smax, cfg.heads, d, **f32)
+        self.att_lse = torch.zeros(smax, cfg.heads, **f32)
         self.h_mid = torch.zeros(L, h, **f32)
         self.act = torch.zeros(L, i, **f32)
         self.dpart = torch.zeros(L, i // h, h, **f32)
-        self.logits = torch.zeros(cfg.vocab, **f32)
         self.counters = torch.zeros(L, NUM_PHASES, dtype=torch.int32, device=device)
         if device.type == "cuda":
             self.grid = torch.cuda.get_device_properties(device).multi_processor_count
@@ -599,83 +692,41 @@ class MegaDecoder:
             self.grid = 1
         self.stamps = torch.zeros(self.grid, L + 1, 12, dtype=torch.int64, device=device)
 
-    @staticmethod
-    def pack(
-        cfg: MegaConfig,
-        layers: list[dict[str, torch.Tensor]],
-        embed: torch.Tensor,
-        lm_head: torch.Tensor,
-        final_norm: torch.Tensor,
-    ) -> dict[str, torch.Tensor]:
-        """Stack per-layer HF-named weights ([out, in] nn.Linear layout) into the kernel's layouts."""
-        h, i = cfg.hidden, cfg.intermediate
-        rb2 = cfg.rows // 2
-        wqkv = torch.stack(
-            [torch.cat([ly["q_proj"], ly["k_proj"], ly["v_proj"]], 0) for ly in layers]
-        ).contiguous()
-        wo = torch.stack([ly["o_proj"] for ly in layers]).contiguous()
-        gu = []
-        for ly in layers:
-            g = ly["gate_proj"].reshape(i // rb2, 1, rb2, h)
-            u = ly["up_proj"].reshape(i // rb2, 1, rb2, h)
-            gu.append(torch.cat([g, u], 1).reshape(2 * i, h))
-        wgu = torch.stack(gu).contiguous()
-        wd = torch.stack(
-            [ly["down_proj"].reshape(h, i // h, h).transpose(0, 1) for ly in layers]
-        ).contiguous()
-        return {
-            "wqkv": wqkv,
-            "wo": wo,
-            "wgu": wgu,
-            "wd": wd,
-            "wlm": lm_head.contiguous(),
-            "embed": embed,
-            "in_norm": torch.stack([ly["input_layernorm"] for ly in layers]).contiguous(),
-            "post_norm": torch.stack([ly["post_attention_layernorm"] for ly in layers]).contiguous(),
-            "q_norm": torch.stack([ly["q_norm"] for ly in layers]).contiguous(),
-            "k_norm": torch.stack([ly["k_norm"] for ly in layers]).contiguous(),
-            "final_norm": final_norm.contiguous(),
-        }
-
-    def launch(self, token: torch.Tensor, pos: int, stamp: bool = False) -> torch.Tensor:
-        """One decode step of ``token`` (a 0-d or 1-element int tensor on the device) at position ``pos``;
-        returns the fp32 logits (a buffer reused by the next step). ``stamp`` (CUDA only) records in
-        :attr:`stamps` [grid, layers + 1, 12] the global timer when each program's wait for each phase returned (0-4),
-        the LM head ended (5) and the program's units of each phase were done (6-10)."""
-        cfg, w = self.cfg, self.w
-        if pos >= cfg.max_tokens:
-            raise ValueError(f"position {pos} beyond the cache's {cfg.max_tokens} tokens")
-        s = pos // cfg.chunk + 1
+    def launch(
+        self,
+        x0: torch.Tensor,
+        position: torch.Tensor,
+        block_table: torch.Tensor,
+        out: torch.Tensor,
+        stamp: bool = False,
+    ) -> torch.Tensor:
+        """One decode step of the token embedded as ``x0`` [H] at ``position`` (a device int64 tensor: its first
+        element, below ``max_tokens``), the request's blocks ``block_table`` (int32). ``out``: fp32 logits [V] with
+        an LM head, else the final-normed hidden state [H]. Asynchronous and graph-capturable (no host reads).
+        ``stamp`` (CUDA only) records in :attr:`stamps` [grid, layers + 1, 12] the global timer when each program's
+        wait for each phase returned (0-4), the LM head ended (5) and its units of each phase were done (6-10)."""
+        cfg = self.cfg
         self.counters.zero_()
-        self.x0.view(1, -1).copy_(torch.index_select(w["embed"], 0, token.reshape(1).long()))
-        use_pf = self.device.type == "cuda" and cfg.l2_prefetch > 0
+        on_cuda = self.device.type == "cuda"
+        use_pf = on_cuda and cfg.l2_prefetch > 0
         _mega_decode_kernel[(self.grid,)](
-            w["wqkv"],
-            w["wo"],
-            w["wgu"],
-            w["wd"],
-            w["wlm"],
-            w["in_norm"],
-            w["post_norm"],
-            w["q_norm"],
-            w["k_norm"],
-            w["final_norm"],
-            self.k_cache,
-            self.v_cache,
+            self.table,
+            self.lm_head if self.lm_head is not None else self.final_norm,
+            self.final_norm,
+            block_table,
+            position,
             self.cos,
             self.sin,
-            self.x0,
+            x0,
             self.qkv,
             self.att_o,
             self.att_lse,
             self.h_mid,
             self.act,
             self.dpart,
-            self.logits,
+            out,
             self.counters,
             self.stamps,
-            pos,
-            s,
             cfg.eps,
             1.0 / math.sqrt(cfg.head_dim),
             L=cfg.layers,
@@ -687,19 +738,116 @@ class MegaDecoder:
             V=cfg.vocab,
             CH=cfg.chunk,
             RB=cfg.rows,
-            MAXT=cfg.max_tokens,
-            SMAX=self.smax,
+            BS=self.block_size,
             USE_PF=use_pf,
             PF=cfg.l2_prefetch if use_pf else 0,
-            UPCAST=self.device.type == "cpu",
+            UPCAST=not on_cuda,
             STAMP=stamp,
             STAGES=cfg.stages,
             SP=max(1, cfg.merge_splits),
-            PFO=cfg.o_prefetch if self.device.type == "cuda" else 0,
+            PFO=cfg.o_prefetch if on_cuda else 0,
+            HAS_LM=self.lm_head is not None,
             num_warps=cfg.warps,
             num_stages=1,
         )
-        return self.logits
+        return out
+
+
+class MegaDecoder:
+    """A self-contained batch-1 decode stream for tests and benchmarks: weights from :meth:`pack`, its own paged
+    KV caches (``block_table``: the blocks in the order positions use them; default 0, 1, 2, ...), RoPE tables and
+    the LM head in the kernel; :meth:`launch` runs one token and returns its logits."""
+
+    def __init__(
+        self,
+        cfg: MegaConfig,
+        weights: dict,  # type: ignore[type-arg]
+        device: torch.device,
+        block_size: int = 16,
+        block_table: list[int] | None = None,
+    ) -> None:
+        check_shapes(cfg)
+        self.cfg = cfg
+        self.device = device
+        self.w = weights
+        L, d = cfg.layers, cfg.head_dim
+        nblocks = -(-cfg.max_tokens // block_size)
+        order = list(range(nblocks)) if block_table is None else list(block_table)
+        if sorted(order) != list(range(nblocks)):
+            raise ValueError(f"block_table must be a permutation of 0..{nblocks - 1}")
+        self.block_size = block_size
+        self.block_table = torch.tensor(order, dtype=torch.int32, device=device)
+        shape = (nblocks, block_size, cfg.kv_heads, d)
+        self.k_caches = [torch.zeros(shape, dtype=torch.bfloat16, device=device) for _ in range(L)]
+        self.v_caches = [torch.zeros(shape, dtype=torch.bfloat16, device=device) for _ in range(L)]
+        inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, d // 2, dtype=torch.float64) * 2 / d))
+        ang = torch.arange(cfg.max_tokens, dtype=torch.float64)[:, None] * inv[None, :]
+        ang = torch.cat([ang, ang], 1)
+        f32 = dict(dtype=torch.float32, device=device)
+        self.kernel = MegaKernel(
+            cfg,
+            weights["layers"],
+            self.k_caches,
+            self.v_caches,
+            weights["final_norm"],
+            ang.cos().to(**f32).contiguous(),
+            ang.sin().to(**f32).contiguous(),
+            weights["lm_head"],
+            cfg.max_tokens,
+        )
+        self.x0 = torch.zeros(cfg.hidden, dtype=torch.bfloat16, device=device)
+        self.position = torch.zeros(1, dtype=torch.int64, device=device)
+        self.logits = torch.zeros(cfg.vocab, **f32)
+
+    @property
+    def stamps(self) -> torch.Tensor:
+        return self.kernel.stamps
+
+    def cache_rows(self, pos: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Position ``pos``'s K and V rows of every layer: [L, kv_heads, head_dim] each."""
+        blk = int(self.block_table[pos // self.block_size])
+        off = pos % self.block_size
+        return (
+            torch.stack([c[blk, off] for c in self.k_caches]),
+            torch.stack([c[blk, off] for c in self.v_caches]),
+        )
+
+    @staticmethod
+    def pack(
+        cfg: MegaConfig,
+        layers: list[dict[str, torch.Tensor]],
+        embed: torch.Tensor,
+        lm_head: torch.Tensor,
+        final_norm: torch.Tensor,
+    ) -> dict:  # type: ignore[type-arg]
+        """HF-named per-layer weights ([out, in] nn.Linear layout) fused as the engine fuses them (q/k/v, gate/up)."""
+        return {
+            "layers": [
+                {
+                    "qkv": torch.cat([ly["q_proj"], ly["k_proj"], ly["v_proj"]], 0).contiguous(),
+                    "o": ly["o_proj"].contiguous(),
+                    "gate_up": torch.cat([ly["gate_proj"], ly["up_proj"]], 0).contiguous(),
+                    "down": ly["down_proj"].contiguous(),
+                    "in_norm": ly["input_layernorm"].contiguous(),
+                    "post_norm": ly["post_attention_layernorm"].contiguous(),
+                    "q_norm": ly["q_norm"].contiguous(),
+                    "k_norm": ly["k_norm"].contiguous(),
+                }
+                for ly in layers
+            ],
+            "embed": embed,
+            "lm_head": lm_head.contiguous(),
+            "final_norm": final_norm.contiguous(),
+        }
+
+    def launch(self, token: torch.Tensor, pos: int, stamp: bool = False) -> torch.Tensor:
+        """One decode step of ``token`` (a 0-d or 1-element int tensor on the device) at position ``pos``;
+        returns the fp32 logits (a buffer reused by the next step)."""
+        if pos >= self.cfg.max_tokens:
+            raise ValueError(f"position {pos} beyond the cache's {self.cfg.max_tokens} tokens")
+        self.x0.view(1, -1).copy_(torch.index_select(self.w["embed"], 0, token.reshape(1).long()))
+        self.position.fill_(pos)
+        return self.kernel.launch(self.x0, self.position, self.block_table, self.logits, stamp)
 
 
 def reference_step(
@@ -714,7 +862,7 @@ def reference_step(
     """The kernel's math in torch (fp32 activations, bf16 weights / KV cache, bf16 q and softmax weights in the
     attention's dots); updates ``k_cache`` / ``v_cache`` at ``pos``; returns fp32 logits. ``trace`` (a dict) collects
     each layer's qkv, h_mid and act vectors, to find the first that differs from the kernel's buffers."""
-    h, nh, nkv, d = cfg.hidden, cfg.heads, cfg.kv_heads, cfg.head_dim
+    nh, nkv, d = cfg.heads, cfg.kv_heads, cfg.head_dim
     hd = d // 2
     inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, hd, dtype=torch.float64) * 2 / d))
     ang = float(pos) * inv
@@ -730,15 +878,16 @@ def reference_step(
     r = w["embed"][token].float()
     gq = nh // nkv
     for layer in range(cfg.layers):
-        x = rms(r, w["in_norm"][layer])
-        qkv = w["wqkv"][layer].float() @ x
+        ly = w["layers"][layer]
+        x = rms(r, ly["in_norm"])
+        qkv = ly["qkv"].float() @ x
         if trace is not None:
             trace.setdefault("qkv", []).append(qkv)
         q = qkv[: nh * d].view(nh, d)
         k = qkv[nh * d : (nh + nkv) * d].view(nkv, d)
         v = qkv[(nh + nkv) * d :].view(nkv, d)
-        q = rope(rms(q, w["q_norm"][layer]))
-        k = rope(rms(k, w["k_norm"][layer]))
+        q = rope(rms(q, ly["q_norm"]))
+        k = rope(rms(k, ly["k_norm"]))
         k_cache[layer, :, pos] = k.to(torch.bfloat16)
         v_cache[layer, :, pos] = v.to(torch.bfloat16)
         kk = k_cache[layer, :, : pos + 1].float()  # [nkv, T, d]
@@ -748,19 +897,14 @@ def reference_step(
         p = torch.softmax(s, -1)
         # the kernel rounds the (unnormalised) softmax weights to bf16 per chunk; close enough for a tolerance
         o = torch.einsum("kgt,ktd->kgd", p, vv).reshape(nh * d)
-        hm = w["wo"][layer].float() @ o + r
+        hm = ly["o"].float() @ o + r
         if trace is not None:
             trace.setdefault("h_mid", []).append(hm)
-        xx = rms(hm, w["post_norm"][layer])
-        gu = w["wgu"][layer].float() @ xx
-        rb2 = cfg.rows // 2
-        gu = gu.view(-1, 2, rb2)
-        a = torch.nn.functional.silu(gu[:, 0]) * gu[:, 1]
-        a = a.reshape(-1)
+        xx = rms(hm, ly["post_norm"])
+        gu = ly["gate_up"].float() @ xx
+        a = torch.nn.functional.silu(gu[: cfg.intermediate]) * gu[cfg.intermediate :]
         if trace is not None:
             trace.setdefault("act", []).append(a)
-        wd = w["wd"][layer].float()  # [C, H, H]
-        dn = torch.einsum("cnk,ck->n", wd, a.view(-1, h))
-        r = hm + dn
+        r = hm + ly["down"].float() @ a
     x = rms(r, w["final_norm"])
-    return w["wlm"].float() @ x
+    return w["lm_head"].float() @ x
