@@ -23,7 +23,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from step_latency import copy_bandwidth, read_bandwidth, result_meta  # noqa: E402
 
-from specserve.layers.triton_megakernel import MegaConfig, MegaDecoder, reference_step  # noqa: E402
+from specserve.layers.triton_megakernel import MegaConfig, MegaDecoder, parse_opts, reference_step  # noqa: E402
 
 QWEN3_8B = MegaConfig(
     hidden=4096,
@@ -36,25 +36,13 @@ QWEN3_8B = MegaConfig(
     eps=1e-6,
     rope_theta=1_000_000.0,
 )
-KEYS = {
-    "rb": "rows",
-    "pf": "l2_prefetch",
-    "ch": "chunk",
-    "warps": "warps",
-    "st": "stages",
-    "mg": "merge_splits",
-    "po": "o_prefetch",
-}
 
 
 def parse_variant(text: str, base: MegaConfig) -> MegaConfig:
-    kw = {}
-    for part in filter(None, text.split(",")):
-        k, _, v = part.partition("=")
-        if k not in KEYS:
-            raise SystemExit(f"unknown variant key {k!r} (known: {', '.join(KEYS)})")
-        kw[KEYS[k]] = int(v)
-    return replace(base, **kw)
+    try:
+        return replace(base, **parse_opts(text))
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
 
 
 def random_weights(cfg: MegaConfig, dev: torch.device, seed: int = 0) -> dict:  # type: ignore[type-arg]

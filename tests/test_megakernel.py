@@ -169,3 +169,69 @@ def test_config_from_hf_qwen3() -> None:
     scaled = Qwen3Config(rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6})
     with pytest.raises(ValueError, match="default RoPE"):
         MegaConfig.from_hf(scaled)
+
+
+def test_engine_decode_steps_run_the_megakernel(tiny2_qwen3_dir, monkeypatch) -> None:
+    # SPECSERVE_MEGAKERNEL=1 (interpreter on CPU): the runner keeps nn.Linear's layout, binds the kernel to its KV
+    # caches and one-row decode steps run it. Oracle: transformers in float32 over the engine's own sequence; every
+    # token the kernel picks is the oracle's greedy one up to bf16 noise (the random tiny model has near-ties of
+    # 0.002 in its logits, where the fused bf16 layers and the kernel's fp32 residual stream may each go either way)
+    from transformers import AutoModelForCausalLM
+
+    from specserve import LLM, SamplingParams
+    from specserve.layers import triton_megakernel as tm
+
+    launches = []
+    real = tm.MegaKernel.launch
+
+    def counted(self, *a, **k):  # type: ignore[no-untyped-def]
+        launches.append(1)
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(tm.MegaKernel, "launch", counted)
+    monkeypatch.setenv("SPECSERVE_MEGAKERNEL", "1")
+    prompts = ["The capital of France is", "1 2 3 4 5 6"]
+    sp = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    llm = LLM(tiny2_qwen3_dir, dtype="bfloat16", device="cpu", attention_backend="triton", num_gpu_blocks=16)
+    model = llm.engine.runner.model
+    assert model.megakernel is not None and isinstance(model.layers[0].self_attn.qkv_proj, torch.nn.Linear)
+    # one request at a time: batch-1 decode steps (a batch of two runs the layers)
+    outs = [llm.generate([p], sp)[0] for p in prompts]
+    assert len(launches) == 2 * 7  # every decode step after the prefill's token
+    llm.generate(prompts, sp)
+    assert len(launches) == 2 * 7  # none of the batched steps
+    hf = AutoModelForCausalLM.from_pretrained(tiny2_qwen3_dir, dtype=torch.float32)
+    for o in outs:
+        p, toks = list(o.prompt_token_ids), list(o.outputs[0].token_ids)
+        with torch.no_grad():
+            logits = hf(torch.tensor([p + toks])).logits[0, len(p) - 1 : -1]
+        spread = logits.max(-1).values - logits.min(-1).values
+        gap = logits.max(-1).values - logits[torch.arange(len(toks)), torch.tensor(toks)]
+        assert (gap <= 0.01 * spread).all(), (gap, spread)
+        assert (gap == 0).sum() >= len(toks) - 2  # mostly exactly the oracle's pick
+
+
+def test_megakernel_eligibility(monkeypatch) -> None:
+    from specserve.config import ModelConfig
+    from specserve.layers.triton_megakernel import megakernel_mode, unsupported, use_megakernel
+
+    base = dict(architecture="Qwen3ForCausalLM", model_type="qwen3", vocab_size=151936, hidden_size=4096,
+                intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8,
+                head_dim=128, rms_norm_eps=1e-6, rope_theta=1e6, rope_scaling=None, max_position_embeddings=40960,
+                tie_word_embeddings=False, attention_bias=False, qk_norm=True)  # fmt: skip
+    assert unsupported(ModelConfig(**base), torch.bfloat16) is None  # Qwen3-8B
+    assert "bf16" in unsupported(ModelConfig(**base), torch.float32)
+    assert "Qwen3-style" in unsupported(ModelConfig(**{**base, "qk_norm": False}), torch.bfloat16)
+    # Llama-3-8B's MLP (14336 = 3.5 x 4096) and Qwen3-4B's hidden size (2560) do not fit the kernel's units
+    assert "intermediate_size" in unsupported(
+        ModelConfig(**{**base, "intermediate_size": 14336}), torch.bfloat16
+    )
+    qwen3_4b = {**base, "hidden_size": 2560, "intermediate_size": 7680, "num_attention_heads": 20}
+    assert unsupported(ModelConfig(**qwen3_4b), torch.bfloat16) is not None
+    monkeypatch.setenv("SPECSERVE_MEGAKERNEL", "1")
+    assert use_megakernel("cpu", ModelConfig(**base), torch.bfloat16)  # the interpreter (these tests)
+    monkeypatch.setenv("SPECSERVE_WEIGHT_LAYOUT", "kn")  # a layout the kernel cannot read
+    assert not use_megakernel("cpu", ModelConfig(**base), torch.bfloat16)
+    monkeypatch.setenv("SPECSERVE_MEGAKERNEL", "yes")
+    with pytest.raises(ValueError, match="SPECSERVE_MEGAKERNEL must be 0, 1 or auto"):
+        megakernel_mode()

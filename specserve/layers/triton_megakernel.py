@@ -43,13 +43,15 @@ spins); on the GPU with the SM count.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import triton
 import triton.language as tl
 
-from specserve.config import rope_from_hf
+from specserve.config import ModelConfig, rope_from_hf
 
 __all__ = ["MegaConfig", "MegaDecoder", "reference_step"]
 
@@ -908,3 +910,118 @@ def reference_step(
         r = hm + ly["down"].float() @ a
     x = rms(r, w["final_norm"])
     return w["lm_head"].float() @ x
+
+
+# ---------------------------------------------------------------------------------------------- the engine's use
+MEGAKERNEL_ENV = "SPECSERVE_MEGAKERNEL"
+# the kernel's knobs for the engine, ``rb=4,st=3,po=7,mg=4`` (benchmarks/megakernel_decode.py's variant keys)
+MEGAKERNEL_OPTS_ENV = "SPECSERVE_MEGAKERNEL_OPTS"
+OPT_KEYS = {
+    "rb": "rows",
+    "pf": "l2_prefetch",
+    "ch": "chunk",
+    "warps": "warps",
+    "st": "stages",
+    "mg": "merge_splits",
+    "po": "o_prefetch",
+}
+
+
+def parse_opts(text: str) -> dict[str, int]:
+    """``rb=4,po=7`` -> MegaConfig keyword arguments."""
+    kw = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        k, _, v = part.partition("=")
+        if k not in OPT_KEYS or not v.isdigit():
+            raise ValueError(
+                f"{MEGAKERNEL_OPTS_ENV}: expected key=N with keys {', '.join(OPT_KEYS)}, got {part!r}"
+            )
+        kw[OPT_KEYS[k]] = int(v)
+    return kw
+
+
+# ``auto``: on for CUDA targets the kernel supports (set from the GPU measurements, benchmarks/README.md)
+AUTO_ON = False
+
+
+def megakernel_mode() -> str:
+    """``SPECSERVE_MEGAKERNEL``: ``0`` off, ``1`` on wherever the target's shapes allow (CUDA, or the Triton
+    interpreter on CPU: tests), ``auto`` (default) as :data:`AUTO_ON` says on CUDA."""
+    v = os.environ.get(MEGAKERNEL_ENV, "").strip().lower() or "auto"
+    if v not in ("0", "1", "auto"):
+        raise ValueError(f"{MEGAKERNEL_ENV} must be 0, 1 or auto, got {v!r}")
+    return v
+
+
+def config_for(mc: ModelConfig, **kw: Any) -> MegaConfig:
+    """The kernel's shapes for an engine target (RoPE comes from the engine's tables: any scaling)."""
+    return MegaConfig(
+        hidden=mc.hidden_size,
+        heads=mc.num_attention_heads,
+        kv_heads=mc.num_key_value_heads,
+        head_dim=mc.head_dim,
+        intermediate=mc.intermediate_size,
+        layers=mc.num_hidden_layers,
+        vocab=mc.vocab_size,
+        eps=mc.rms_norm_eps,
+        rope_theta=mc.rope_theta,
+        **kw,
+    )
+
+
+def unsupported(mc: ModelConfig, dtype: torch.dtype) -> str | None:
+    """Why the kernel cannot run this target's decode steps (None: it can)."""
+    if dtype != torch.bfloat16:
+        return f"bf16 weights only, not {dtype}"
+    if mc.attention_bias or not mc.qk_norm:
+        return "Qwen3-style layers only (q/k norms, no q/k/v bias)"
+    try:
+        check_shapes(config_for(mc))
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+def use_megakernel(device: torch.device | str, mc: ModelConfig, dtype: torch.dtype) -> bool:
+    """Whether the runner should run this target's batch-1 decode steps as the megakernel (it then keeps the
+    projections in nn.Linear's layout, which the kernel reads in place)."""
+    mode = megakernel_mode()
+    on_cuda = torch.device(device).type == "cuda"
+    if mode == "0" or (mode == "auto" and not (AUTO_ON and on_cuda)):
+        return False
+    if not on_cuda and os.environ.get("TRITON_INTERPRET") != "1":
+        return False
+    if os.environ.get("SPECSERVE_WEIGHT_LAYOUT", "").lower() == "kn":
+        return False
+    return unsupported(mc, dtype) is None
+
+
+def bind_model(model: Any, **kw: Any) -> MegaKernel:
+    """A :class:`MegaKernel` over a :class:`specserve.models.llama.DecoderLM`'s own parameters and its current
+    KV caches (``model.kv_caches``), writing the final-normed hidden state (the engine's LM head follows)."""
+    layers = [
+        {
+            "qkv": ly.self_attn.qkv_proj.weight,
+            "o": ly.self_attn.o_proj.weight,
+            "gate_up": ly.mlp.gate_up_proj.weight,
+            "down": ly.mlp.down_proj.weight,
+            "in_norm": ly.input_layernorm.weight,
+            "post_norm": ly.post_attention_layernorm.weight,
+            "q_norm": ly.self_attn.q_norm.weight,
+            "k_norm": ly.self_attn.k_norm.weight,
+        }
+        for ly in model.layers
+    ]
+    rope = model.rope
+    kw = {**parse_opts(os.environ.get(MEGAKERNEL_OPTS_ENV, "")), **kw}
+    return MegaKernel(
+        config_for(model.config, **kw),
+        layers,
+        [c[0] for c in model.kv_caches],
+        [c[1] for c in model.kv_caches],
+        model.norm.weight,
+        rope.cos,
+        rope.sin,
+        None,
+        rope.cos.shape[0],
+    )

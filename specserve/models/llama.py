@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Iterable
-from typing import cast
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -530,6 +530,10 @@ class DecoderLM(nn.Module):
         self.split_gemm: dict[str, int] = {}
         # those GEMMs as Triton kernels (layers/triton_splitk.py), set by the runner where the tiles fit
         self.triton_gemm = False
+        # batch-1 decode steps as one persistent kernel (layers/triton_megakernel.py MegaKernel), bound by the runner
+        # to the KV caches in ``megakernel_caches`` (a profiling forward over scratch caches takes the layers)
+        self.megakernel: Any = None
+        self.megakernel_caches: list[KVCache] | None = None
 
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttnMetadata
@@ -538,6 +542,17 @@ class DecoderLM(nn.Module):
         assert self.backend is not None and self.kv_caches, "runner must bind KV caches and a backend"
         h = self.embed_tokens(input_ids)
         want = self.tap_indices
+        mk = self.megakernel
+        if (
+            mk is not None
+            and not want
+            and input_ids.shape[0] == 1
+            and meta.block_tables.shape[0] == 1
+            and self.kv_caches is self.megakernel_caches
+        ):
+            out = torch.empty_like(h)
+            mk.launch(h[0], positions, meta.block_tables[0], out[0])
+            return out, None
         if self.backend.fused:
             out, by_index = run_layers_fused(
                 self.layers,

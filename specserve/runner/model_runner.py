@@ -193,8 +193,16 @@ class ModelRunner:
             weight_layout,
         )
 
+        # batch-1 decode steps as one persistent kernel (bound with the KV caches); it reads nn.Linear's layout
+        self.use_megakernel = False
+        if torch.device(device).type == "cuda" or os.environ.get("SPECSERVE_MEGAKERNEL") == "1":
+            from specserve.layers.triton_megakernel import use_megakernel  # imports triton
+
+            self.use_megakernel = use_megakernel(device, model_config, dtype)
         # decode GEMM layout (layers/linear.py); the drafters follow the target's
-        self.weight_layout = weight_layout(device, int(model_config.hidden_size))
+        self.weight_layout = (
+            "nk" if self.use_megakernel else weight_layout(device, int(model_config.hidden_size))
+        )
         if self.weight_layout == "kn":
             transpose_decoder_linears(self.model.layers)
         triton_gemm = triton_gemm_enabled(device)
@@ -357,6 +365,15 @@ class ModelRunner:
             )
             for _ in range(c.num_hidden_layers)
         ]
+        if self.use_megakernel:
+            from specserve.layers.triton_megakernel import bind_model
+
+            self.model.megakernel = bind_model(self.model)
+            self.model.megakernel_caches = self.model.kv_caches
+            logger.info(
+                "megakernel: batch-1 decode steps run as one persistent kernel of %d programs",
+                self.model.megakernel.grid,
+            )
         spec = self.proposer.kv_cache_spec() if self.proposer else None
         if spec and self.proposer is not None:
             layers, heads, hd = spec
