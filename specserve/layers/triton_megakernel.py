@@ -55,7 +55,7 @@ from specserve.config import ModelConfig, rope_from_hf
 
 __all__ = ["MegaConfig", "MegaDecoder", "reference_step"]
 
-# arrival counters per layer (``counters + layer * 5 + k``): k = 0 qkv, 1 attention, 2 o_proj, 3 gate_up, 4 down units
+# arrival counters per layer (``counters + layer * NCNT + k``): k = 0 qkv, 1 attention, 2 o_proj, 3 gate_up, 4 down units
 NUM_PHASES = 5
 
 
@@ -221,10 +221,13 @@ def _mega_decode_kernel(
     SP: tl.constexpr,
     PFO: tl.constexpr,
     HAS_LM: tl.constexpr,
+    FG: tl.constexpr,  # down_proj's units of an act chunk wait for that chunk's gate_up units only
+    OPAD: tl.constexpr,  # > 0: o_proj's residual rows preloaded, for up to this many units a program (a power of 2)
 ):
     pid = tl.program_id(0)
     G = tl.num_programs(0)
     C: tl.constexpr = I // H
+    NCNT: tl.constexpr = 5 + C  # arrival counters a layer: the five phases, then act's K chunks (FG)
     GQ: tl.constexpr = NH // NKV
     HD: tl.constexpr = D // 2
     NQKV: tl.constexpr = (NH + 2 * NKV) * D
@@ -256,7 +259,7 @@ def _mega_decode_kernel(
         n_units = (U_QKV - pid + G - 1) // G
         _prefetch_units(p_qkv, pid, G, U_QKV, rows, pf_cols, H, I, RB, 0, USE_PF, PF)
         if layer > 0:
-            _wait(counters + (layer - 1) * 5 + 4, U_DN)
+            _wait(counters + (layer - 1) * NCNT + 4, U_DN)
         _stamp(stamps, pid, layer, 0, L, STAMP)
         r = _residual(h_mid, dpart, x0, layer, cols, H, C, cols < H)
         inv = 1.0 / tl.sqrt(tl.sum(r * r, axis=0) / H + eps)
@@ -279,8 +282,6 @@ def _mega_decode_kernel(
                 tl.store(qkv_buf + layer * NQKV + u * RB + rows, acc)
                 w = wn
         _stamp(stamps, pid, layer, 6, L, STAMP)
-        # o_proj's weights into L2 while the attention runs (the DRAM would idle through it)
-        _prefetch_units(p_o, pid, G, U_O, rows, pf_cols, H, I, RB, 0, PFO > 0, PFO)
         # ---------------- attention units: (kv head, chunk) ----------------
         d_h = tl.arange(0, HD)
         tok = tl.arange(0, CH)
@@ -296,9 +297,9 @@ def _mega_decode_kernel(
         kb = tl.load(krow[:, None] + HD + d_h[None, :], mask=past[:, None], other=0.0)
         va = tl.load(vrow[:, None] + d_h[None, :], mask=past[:, None], other=0.0)
         vb = tl.load(vrow[:, None] + HD + d_h[None, :], mask=past[:, None], other=0.0)
-        _signal(counters + layer * 5 + 0, n_units)
+        _signal(counters + layer * NCNT + 0, n_units)
         if pid < NT:
-            _wait(counters + layer * 5 + 0, U_QKV)
+            _wait(counters + layer * NCNT + 0, U_QKV)
             _stamp(stamps, pid, layer, 1, L, STAMP)
             for tt in range(pid, NT, G):
                 kvh = tt % NKV
@@ -380,14 +381,23 @@ def _mega_decode_kernel(
                 tl.store(obase + HD + d_h[None, :], ob, mask=hmask[:, None])
                 tl.store(att_lse + ch * NH + heads, m + tl.log(lsum), mask=hmask)
             _stamp(stamps, pid, layer, 7, L, STAMP)
-            _signal(counters + layer * 5 + 1, (NT - pid + G - 1) // G)
+            _signal(counters + layer * NCNT + 1, (NT - pid + G - 1) // G)
+        # o_proj's weights into L2 while the attention runs (the DRAM would idle through it); after the qkv signal
+        # (issued before it, the prefetches held the signal back ~8 us a layer: session 52)
+        _prefetch_units(p_o, pid, G, U_O, rows, pf_cols, H, I, RB, 0, PFO > 0, PFO)
         # the first o_proj unit (for the attention's programs after it: its registers were the K / V tiles')
         w = _load_unit(_unit_rows(p_o, pid, rows, H, I, RB, 0), pid, rows, cols, RB, H)
         # ---------------- o_proj: x = merged attention; out + residual -> h_mid ----------------
         n_units = (U_O - pid + G - 1) // G
         _prefetch_units(p_o, pid, G, U_O, rows, pf_cols, H, I, RB, 0, USE_PF, PF)
-        rres = _residual(h_mid, dpart, x0, layer, pid * RB + rows, H, C, pid * RB + rows < H)
-        _wait(counters + layer * 5 + 1, NT)
+        if OPAD > 0:  # the residual rows of all this program's units in registers (no L2 round trip a unit)
+            iv = tl.arange(0, OPAD)
+            roffs = (pid + iv * G)[:, None] * RB + rows[None, :]
+            res_all = _residual(h_mid, dpart, x0, layer, roffs, H, C, roffs < H)
+            rres = tl.sum(tl.where(iv[:, None] == 0, res_all, 0.0), axis=0)
+        else:
+            rres = _residual(h_mid, dpart, x0, layer, pid * RB + rows, H, C, pid * RB + rows < H)
+        _wait(counters + layer * NCNT + 1, NT)
         _stamp(stamps, pid, layer, 2, L, STAMP)
         hh = tl.arange(0, NH)
         dd = tl.arange(0, D)
@@ -431,7 +441,10 @@ def _mega_decode_kernel(
             for i in tl.range(1, n_units, num_stages=STAGES):
                 u = pid + i * G
                 wi = tl.load(_unit_rows(p_o, u, rows, H, I, RB, 0)[:, None] + cols[None, :])
-                ri = _residual(h_mid, dpart, x0, layer, u * RB + rows, H, C, u * RB + rows < H)
+                if OPAD > 0:
+                    ri = tl.sum(tl.where(iv[:, None] == i, res_all, 0.0), axis=0)
+                else:
+                    ri = _residual(h_mid, dpart, x0, layer, u * RB + rows, H, C, u * RB + rows < H)
                 acc = tl.sum(wi.to(tl.float32) * x[None, :], axis=1)
                 tl.store(h_mid + layer * H + u * RB + rows, acc + ri)
         else:
@@ -439,7 +452,10 @@ def _mega_decode_kernel(
                 u = pid + i * G
                 un = u + G
                 wn = _load_unit(_unit_rows(p_o, un, rows, H, I, RB, 0), un, rows, cols, RB, H)
-                rn = _residual(h_mid, dpart, x0, layer, un * RB + rows, H, C, un * RB + rows < H)
+                if OPAD > 0:
+                    rn = tl.sum(tl.where(iv[:, None] == i + 1, res_all, 0.0), axis=0)
+                else:
+                    rn = _residual(h_mid, dpart, x0, layer, un * RB + rows, H, C, un * RB + rows < H)
                 acc = tl.sum(w.to(tl.float32) * x[None, :], axis=1)
                 tl.store(h_mid + layer * H + u * RB + rows, acc + rres)
                 w = wn
@@ -447,22 +463,37 @@ def _mega_decode_kernel(
         # the first gate_up unit
         w = _load_unit(_unit_rows(p_gu, pid, rows, H, I, RB, 1), pid, rows, cols, RB, 2 * I)
         _stamp(stamps, pid, layer, 8, L, STAMP)
-        _signal(counters + layer * 5 + 2, n_units)
+        _signal(counters + layer * NCNT + 2, n_units)
         # ---------------- gate_up + SiLU-mul: x = rmsnorm(h_mid) ----------------
         n_units = (U_GU - pid + G - 1) // G
         _prefetch_units(p_gu, pid, G, U_GU, rows, pf_cols, H, I, RB, 1, USE_PF, PF)
-        _wait(counters + layer * 5 + 2, U_O)
+        _wait(counters + layer * NCNT + 2, U_O)
         _stamp(stamps, pid, layer, 3, L, STAMP)
         hm = tl.load(h_mid + layer * H + cols, cache_modifier=".cg")
         inv = 1.0 / tl.sqrt(tl.sum(hm * hm, axis=0) / H + eps)
         x = hm * inv * tl.load(_ptr(table, layer, 5) + cols).to(tl.float32)
+        UC: tl.constexpr = H // RB2  # gate_up units a K chunk of down_proj (H act rows)
         if STAGES > 1:
+            # FG: a program signals each act chunk once its units of it are stored (its units run in chunk order),
+            # so down_proj's units of a chunk start without waiting for the whole phase
+            hi0 = (UC - pid + G - 1) // G
             if n_units > 0:
                 tl.store(act + layer * I + pid * RB2 + r4, _silu_unit(w, x, r2, RB2))
+                if FG and hi0 == 1:
+                    _signal(counters + layer * NCNT + 5, 1)
             for i in tl.range(1, n_units, num_stages=STAGES):
                 u = pid + i * G
                 wi = tl.load(_unit_rows(p_gu, u, rows, H, I, RB, 1)[:, None] + cols[None, :])
                 tl.store(act + layer * I + u * RB2 + r4, _silu_unit(wi, x, r2, RB2))
+                if FG:
+                    for c in tl.static_range(C - 1):
+                        lo = (c * UC - pid + G - 1) // G if c > 0 else 0
+                        hi = ((c + 1) * UC - pid + G - 1) // G
+                        if i == hi - 1:
+                            _signal(counters + layer * NCNT + 5 + c, hi - lo)
+            if FG:
+                lo = ((C - 1) * UC - pid + G - 1) // G if C > 1 else 0
+                _signal(counters + layer * NCNT + 5 + C - 1, n_units - lo)
         else:
             for i in range(n_units):
                 u = pid + i * G
@@ -473,15 +504,38 @@ def _mega_decode_kernel(
         # the first down unit: K chunk c = u * RB // H, rows u * RB % H..
         w = _load_unit(_unit_rows(p_dn, pid, rows, H, I, RB, 2), pid, rows, cols, RB, C * H)
         _stamp(stamps, pid, layer, 9, L, STAMP)
-        _signal(counters + layer * 5 + 3, n_units)
+        if not (FG and STAGES > 1):
+            _signal(counters + layer * NCNT + 3, n_units)
         # ---------------- down_proj: K chunks of H, partials to dpart[layer, c] ----------------
         n_units = (U_DN - pid + G - 1) // G
         _prefetch_units(p_dn, pid, G, U_DN, rows, pf_cols, H, I, RB, 2, USE_PF, PF)
-        _wait(counters + layer * 5 + 3, U_GU)
-        _stamp(stamps, pid, layer, 4, L, STAMP)
+        UDC: tl.constexpr = H // RB  # down_proj units a K chunk
+        if FG and STAGES > 1:
+            # chunk by chunk: each waits for its own act rows only (one wait, one load of x per chunk)
+            for c in tl.static_range(C):
+                _wait(counters + layer * NCNT + 5 + c, UC)
+                if c == 0:
+                    _stamp(stamps, pid, layer, 4, L, STAMP)
+                xc = tl.load(act + layer * I + c * H + cols, cache_modifier=".cg")
+                if c == 0:
+                    if n_units > 0:
+                        acc = tl.sum(w.to(tl.float32) * xc[None, :], axis=1)
+                        tl.store(dpart + layer * C * H + pid * RB + rows, acc)
+                lo = (c * UDC - pid + G - 1) // G if c > 0 else 1
+                hi = ((c + 1) * UDC - pid + G - 1) // G
+                for i in tl.range(lo, hi, num_stages=STAGES):
+                    u = pid + i * G
+                    wi = tl.load(_unit_rows(p_dn, u, rows, H, I, RB, 2)[:, None] + cols[None, :])
+                    acc = tl.sum(wi.to(tl.float32) * xc[None, :], axis=1)
+                    tl.store(dpart + layer * C * H + u * RB + rows, acc)
+        else:
+            _wait(counters + layer * NCNT + 3, U_GU)
+            _stamp(stamps, pid, layer, 4, L, STAMP)
         c0 = (pid * RB) // H
         xa = tl.load(act + layer * I + c0 * H + cols, mask=c0 * H + cols < I, other=0.0, cache_modifier=".cg")
-        if STAGES > 1:
+        if FG and STAGES > 1:
+            pass
+        elif STAGES > 1:
             if n_units > 0:
                 acc = tl.sum(w.to(tl.float32) * xa[None, :], axis=1)
                 tl.store(dpart + layer * C * H + pid * RB + rows, acc)
@@ -513,9 +567,9 @@ def _mega_decode_kernel(
         elif HAS_LM:
             w = _load_unit(_unit_rows(wlm, pid, rows, H, I, RB, 0), pid, rows, cols, RB, V)
         _stamp(stamps, pid, layer, 10, L, STAMP)
-        _signal(counters + layer * 5 + 4, n_units)
+        _signal(counters + layer * NCNT + 4, n_units)
     # ---------------- final norm (+ LM head) ----------------
-    _wait(counters + (L - 1) * 5 + 4, U_DN)
+    _wait(counters + (L - 1) * NCNT + 4, U_DN)
     _stamp(stamps, pid, L, 0, L, STAMP)
     r = _residual(h_mid, dpart, x0, L, cols, H, C, cols < H)
     inv = 1.0 / tl.sqrt(tl.sum(r * r, axis=0) / H + eps)
@@ -576,6 +630,10 @@ class MegaConfig:
     # o_proj units beyond the first that a program prefetches into L2 as soon as its qkv units are done, so that
     # the DRAM streams o_proj's weights through the attention (8 units of 4 rows: all of a program's share)
     o_prefetch: int = 0
+    # o_proj's residual rows for all of a program's units loaded before its wait, not one L2 round trip a unit
+    res_preload: int = 0
+    # down_proj's units of each K chunk wait for the gate_up units of that chunk only, not the whole phase
+    fine_grained: int = 0
 
     @staticmethod
     def from_hf(cfg, **kw) -> MegaConfig:  # type: ignore[no-untyped-def]
@@ -687,7 +745,7 @@ class MegaKernel:
         self.h_mid = torch.zeros(L, h, **f32)
         self.act = torch.zeros(L, i, **f32)
         self.dpart = torch.zeros(L, i // h, h, **f32)
-        self.counters = torch.zeros(L, NUM_PHASES, dtype=torch.int32, device=device)
+        self.counters = torch.zeros(L, NUM_PHASES + i // h, dtype=torch.int32, device=device)
         if device.type == "cuda":
             self.grid = torch.cuda.get_device_properties(device).multi_processor_count
         else:
@@ -749,6 +807,8 @@ class MegaKernel:
             SP=max(1, cfg.merge_splits),
             PFO=cfg.o_prefetch if on_cuda else 0,
             HAS_LM=self.lm_head is not None,
+            FG=bool(cfg.fine_grained) and cfg.stages > 1 and cfg.hidden // cfg.rows >= self.grid,
+            OPAD=triton.next_power_of_2(-(-(cfg.hidden // cfg.rows) // self.grid)) if cfg.res_preload else 0,
             num_warps=cfg.warps,
             num_stages=1,
         )
@@ -924,6 +984,8 @@ OPT_KEYS = {
     "st": "stages",
     "mg": "merge_splits",
     "po": "o_prefetch",
+    "rp": "res_preload",
+    "fg": "fine_grained",
 }
 
 
