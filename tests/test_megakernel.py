@@ -230,8 +230,19 @@ def test_megakernel_eligibility(monkeypatch) -> None:
     )
     qwen3_4b = {**base, "hidden_size": 2560, "intermediate_size": 7680, "num_attention_heads": 20}
     assert unsupported(ModelConfig(**qwen3_4b), torch.bfloat16) is not None
+    from specserve.layers import triton_megakernel as tm
+
+    monkeypatch.delenv("SPECSERVE_MEGAKERNEL", raising=False)
+    monkeypatch.setattr(tm, "AUTO_ON", True)
+    assert use_megakernel("cuda", ModelConfig(**base), torch.bfloat16)
+    # auto: speculative targets keep the transposed layout their verify GEMMs run faster on; CPU stays eager
+    assert not use_megakernel("cuda", ModelConfig(**base), torch.bfloat16, speculative=True)
+    assert not use_megakernel("cpu", ModelConfig(**base), torch.bfloat16)
+    monkeypatch.setattr(tm, "AUTO_ON", False)
+    assert not use_megakernel("cuda", ModelConfig(**base), torch.bfloat16)
     monkeypatch.setenv("SPECSERVE_MEGAKERNEL", "1")
     assert use_megakernel("cpu", ModelConfig(**base), torch.bfloat16)  # the interpreter (these tests)
+    assert use_megakernel("cuda", ModelConfig(**base), torch.bfloat16, speculative=True)
     monkeypatch.setenv("SPECSERVE_WEIGHT_LAYOUT", "kn")  # a layout the kernel cannot read
     assert not use_megakernel("cpu", ModelConfig(**base), torch.bfloat16)
     monkeypatch.setenv("SPECSERVE_MEGAKERNEL", "yes")
