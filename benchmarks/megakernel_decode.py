@@ -1,10 +1,14 @@
 """The persistent one-launch decode step (specserve/layers/triton_megakernel.py) on a Qwen3-8B-shaped target with
 random bf16 weights, batch 1 (issue #6's plain-decode bar, session 51): checks its logits against the torch reference
 for a few steps, then times greedy decode steps after a prompt and prints ms a step against the weight-read floor
-measured in the same run (step_latency.py's definition), per variant (unit rows, L2 prefetch depth, attention chunk,
-warps), and where a step's time goes by phase (global-timer stamps taken when each phase's wait returned).
+measured in the same run (step_latency.py's definition), per variant (the keys of SPECSERVE_MEGAKERNEL_OPTS: rb unit
+rows, st pipeline stages, pf L2 prefetch depth, po o_proj's prefetch through the attention, rp o_proj's residual
+preload, ch attention chunk, mg one-load merge, warps), and where a step's time goes by phase (global-timer stamps
+taken when each phase's wait returned and when each program finished its units). The engine's own step with the
+kernel: SPECSERVE_MEGAKERNEL=1 python benchmarks/step_latency.py --configs plain ... (benchmarks/README.md, session
+52).
 
-    python benchmarks/megakernel_decode.py [--config-dir DIR] [--variants rb=4,pf=0 rb=4,pf=2 ...] --out R.json
+    python benchmarks/megakernel_decode.py [--config-dir DIR] [--variants rb=4,pf=1 rb=4,pf=2,rp=0 ...] --out R.json
 """
 
 from __future__ import annotations
@@ -183,13 +187,11 @@ def main() -> int:
         "--variants",
         nargs="+",
         default=[
-            "rb=4",
-            "rb=4,st=3",
-            "rb=4,st=4",
-            "rb=4,st=3,pf=2",
-            "rb=8,st=2",
-            "rb=4,st=3,ch=64",
-            "rb=2,st=4",
+            "rb=4,st=3,rp=1,pf=1",  # the defaults (session 52)
+            "rb=4,st=3,rp=0,pf=0",  # session 51's form
+            "rb=4,st=3,rp=1,pf=2",
+            "rb=4,st=3,rp=1,pf=1,po=7",
+            "rb=4,st=3,rp=1,pf=1,ch=64",
         ],
     )
     ap.add_argument("--prompt", type=int, default=128)

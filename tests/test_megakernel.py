@@ -49,8 +49,8 @@ def _weights(cfg: MegaConfig, seed: int = 0) -> dict[str, torch.Tensor]:
     return _layers(cfg, seed)[1]
 
 
-@pytest.mark.parametrize("stages,merge,preload,fine", [(1, 0, 1, 0), (3, 2, 0, 0), (3, 0, 1, 1)])
-def test_megakernel_matches_reference_across_chunks(stages: int, merge: int, preload: int, fine: int) -> None:
+@pytest.mark.parametrize("stages,merge,preload", [(1, 0, 1), (3, 2, 0), (3, 0, 1)])
+def test_megakernel_matches_reference_across_chunks(stages: int, merge: int, preload: int) -> None:
     # vocab 100: the LM head's last unit is partial; chunk 16: positions 0-19 use one and two attention chunks
     cfg = MegaConfig(
         hidden=64,
@@ -67,7 +67,6 @@ def test_megakernel_matches_reference_across_chunks(stages: int, merge: int, pre
         stages=stages,
         merge_splits=merge,
         res_preload=preload,
-        fine_grained=fine,
     )
     w = _weights(cfg)
     # blocks of 4 positions in a shuffled order: an attention chunk (16) gathers rows from four scattered blocks
@@ -136,10 +135,10 @@ ptrs.update({n: "fp32" for n in ("cos_tab", "sin_tab", "qkv_buf", "att_o", "att_
                                  "out")})
 ptrs.update(table="i64", block_table="i32", pos_ptr="i64", counters="i32", stamps="i64")
 # the Qwen3-8B shape, the benchmark's default unit (4 rows): both GEMV forms, with the L2 prefetches and stamps
-for stages, pf, pfo, opad, fg in [(1, 0, 0, 0, False), (3, 2, 7, 8, False), (3, 0, 0, 8, True)]:
+for stages, pf, pfo, opad in [(1, 0, 0, 0), (3, 2, 7, 8), (3, 1, 0, 8)]:
     const = dict(L=36, H=4096, NH=32, NKV=8, D=128, I=12288, V=151936, CH=128, RB=4, BS=16, HAS_LM=True,
                  USE_PF=pf > 0, PF=pf, UPCAST=False, STAMP=True, STAGES=stages, SP=4 if stages > 1 else 1,
-                 PFO=pfo, OPAD=opad, FG=fg)
+                 PFO=pfo, OPAD=opad)
     kernel, reg, stack = compile_sm90(_mega_decode_kernel, ptrs, const, num_warps=8, num_stages=1,
                                       floats=("eps", "scale"))
     smem = kernel.metadata.shared

@@ -1,5 +1,6 @@
-"""A persistent one-launch decode step for a Qwen3 / Llama-shaped target at batch 1 (issue #6, session 51; an
-experiment, not wired into the engine).
+"""A persistent one-launch decode step for a Qwen3-shaped target at batch 1 (issue #6, sessions 51-52). The engine
+runs its batch-1 plain decode steps with it under ``SPECSERVE_MEGAKERNEL=1`` (:func:`use_megakernel`,
+:func:`bind_model`; off by default: it ties the engine's tuned kernels on the H100 and has not run on an H200).
 
 Why: a one-row decode step of the 8B shape spends ~22 us a layer over its weights' read time on the H200 (session
 49's chain profile): the ramps of the split-K GEMMs and the small kernels between them (attention, merge, norms,
@@ -8,20 +9,22 @@ those kernel boundaries from separate kernels (L2 prefetch from side streams / t
 prefetcher, register read-ahead before the PDL wait, TMA staging) as slower or neutral. What remained untried is one
 persistent kernel for the whole step: one program per SM walks a static list of work units, layer by layer,
 
-* GEMV units of ``RB`` weight rows x ``H`` (qkv, o_proj, gate_up with gate / up rows interleaved so a unit ends in its
-  own SiLU-mul, down_proj in ``I / H`` K chunks, the LM head), each program taking units ``pid, pid + G, ...`` of a
-  phase; the units after the first stream through Triton's software pipeliner (``stages`` > 1: cp.async into shared
-  memory, ``stages`` units deep; the default) or a register double buffer (``stages`` 1), and the first unit of the
-  next phase is loaded before the program waits for that phase's input, so every program keeps its share of the
-  weight stream in flight across the dependency;
-* attention units per (KV head, context chunk of ``CH`` tokens): the chunk's K / V (the cache's past rows, which no
-  unit of this step writes) are loaded before the wait for qkv; after it the unit normalises q / k (Qwen3's q_norm /
-  k_norm), applies RoPE, stores the new row's K / V (the chunk that holds the position) and writes a partial output
-  and its log-sum-exp; o_proj's programs merge the chunks once per phase (in a loop, or with ``merge_splits`` in one
-  load);
+* GEMV units of ``RB`` weight rows x ``H`` read in place from the engine's nn.Linear-layout tensors through a
+  per-layer pointer table (fused qkv, o_proj, gate_up with a unit's gate rows and their up rows so that it ends in
+  its own SiLU-mul, down_proj in ``I / H`` K chunks, the LM head), each program taking units ``pid, pid + G, ...`` of
+  a phase; the units after the first stream through Triton's software pipeliner (``stages`` > 1: cp.async into
+  shared memory, ``stages`` units deep; the default) or a register double buffer (``stages`` 1), and the first unit
+  of the next phase is loaded (and ``l2_prefetch`` more prefetched into L2) before the program waits for that
+  phase's input, so every program keeps its share of the weight stream in flight across the dependency;
+* attention units per (KV head, context chunk of ``CH`` tokens) over the paged KV cache (the request's block
+  table): the chunk's K / V (past rows, which no unit of this step writes) are loaded before the wait for qkv; after
+  it the unit normalises q / k (Qwen3's q_norm / k_norm), applies RoPE (the engine's tables), stores the new row's
+  K / V and writes a partial output and its log-sum-exp; o_proj's programs merge the chunks once per phase (in a
+  loop, or with ``merge_splits`` in one load);
 * dependencies as arrival counters (one int32 per layer and phase, zeroed before the launch): a program adds its
   unit count with release semantics after a CTA barrier; a consumer spins with acquire semantics until the phase's
-  total arrived, then reads activations through L2 (``.cg``).
+  total arrived, then reads activations through L2 (``.cg``). The position comes from a device tensor: the launch
+  can be captured in a CUDA graph.
 
 The residual stream stays fp32 and is never materialised between layers: down_proj writes its ``I / H`` K-chunk
 partials and each consumer sums ``h_mid + partials`` for the rows it needs. Every program of the grid must be
@@ -29,12 +32,13 @@ resident at once (the spin waits), so the grid is the SM count with one CTA per 
 
 Numerics: bf16 weights and KV cache, fp32 activations and accumulation; q and the softmax weights enter the
 attention's dots in bf16. :func:`reference_step` computes the same in torch (the test oracle; the engine's own
-layers round activations to bf16 where HF does, so its tokens may differ from this kernel's in bf16).
+layers round activations to bf16 where HF does, so its tokens may differ from this kernel's at near-ties in bf16).
 
-Measured (session 51, H100 80GB HBM3, benchmarks/megakernel_decode.py, 8B shape, random weights, batch 1): 5.813 ms a
-greedy step with 4-row units and a 3-stage pipeline (1.154x the weight-read floor) against the engine's plain step
-5.774 ms on the same card; gate_up streams at its floor, the short phases (o_proj with the merge, qkv) and their
-boundaries lose ~20 us a layer; the register double buffer alone is 1.41x. Not yet measured on an H200.
+Measured (H100 80GB HBM3, benchmarks/megakernel_decode.py, 8B shape, random weights, batch 1; benchmarks/README.md
+sessions 51-52): 5.813 ms a greedy step in the first form (session 51); with the paged cache, o_proj's residual rows
+preloaded and one unit prefetched into L2 a phase 5.667 ms = 1.139x the floor (session 52), and inside the engine's
+decode graph 5.684 ms against the engine's default step 5.672 on the same card. gate_up and down_proj stream at their
+floor; the attention (~5 us) and the phases' boundaries (~1-2 us each) are what remains.
 
 Runs under ``TRITON_INTERPRET=1`` with a grid of one program (which walks every unit in order, so no wait ever
 spins); on the GPU with the SM count.
@@ -55,7 +59,7 @@ from specserve.config import ModelConfig, rope_from_hf
 
 __all__ = ["MegaConfig", "MegaDecoder", "reference_step"]
 
-# arrival counters per layer (``counters + layer * NCNT + k``): k = 0 qkv, 1 attention, 2 o_proj, 3 gate_up, 4 down units
+# arrival counters per layer (``counters + layer * 5 + k``): k = 0 qkv, 1 attention, 2 o_proj, 3 gate_up, 4 down units
 NUM_PHASES = 5
 
 
@@ -221,13 +225,12 @@ def _mega_decode_kernel(
     SP: tl.constexpr,
     PFO: tl.constexpr,
     HAS_LM: tl.constexpr,
-    FG: tl.constexpr,  # down_proj's units of an act chunk wait for that chunk's gate_up units only
     OPAD: tl.constexpr,  # > 0: o_proj's residual rows preloaded, for up to this many units a program (a power of 2)
 ):
     pid = tl.program_id(0)
     G = tl.num_programs(0)
     C: tl.constexpr = I // H
-    NCNT: tl.constexpr = 5 + C  # arrival counters a layer: the five phases, then act's K chunks (FG)
+    NCNT: tl.constexpr = 5  # arrival counters a layer: one a phase
     GQ: tl.constexpr = NH // NKV
     HD: tl.constexpr = D // 2
     NQKV: tl.constexpr = (NH + 2 * NKV) * D
@@ -472,28 +475,13 @@ def _mega_decode_kernel(
         hm = tl.load(h_mid + layer * H + cols, cache_modifier=".cg")
         inv = 1.0 / tl.sqrt(tl.sum(hm * hm, axis=0) / H + eps)
         x = hm * inv * tl.load(_ptr(table, layer, 5) + cols).to(tl.float32)
-        UC: tl.constexpr = H // RB2  # gate_up units a K chunk of down_proj (H act rows)
         if STAGES > 1:
-            # FG: a program signals each act chunk once its units of it are stored (its units run in chunk order),
-            # so down_proj's units of a chunk start without waiting for the whole phase
-            hi0 = (UC - pid + G - 1) // G
             if n_units > 0:
                 tl.store(act + layer * I + pid * RB2 + r4, _silu_unit(w, x, r2, RB2))
-                if FG and hi0 == 1:
-                    _signal(counters + layer * NCNT + 5, 1)
             for i in tl.range(1, n_units, num_stages=STAGES):
                 u = pid + i * G
                 wi = tl.load(_unit_rows(p_gu, u, rows, H, I, RB, 1)[:, None] + cols[None, :])
                 tl.store(act + layer * I + u * RB2 + r4, _silu_unit(wi, x, r2, RB2))
-                if FG:
-                    for c in tl.static_range(C - 1):
-                        lo = (c * UC - pid + G - 1) // G if c > 0 else 0
-                        hi = ((c + 1) * UC - pid + G - 1) // G
-                        if i == hi - 1:
-                            _signal(counters + layer * NCNT + 5 + c, hi - lo)
-            if FG:
-                lo = ((C - 1) * UC - pid + G - 1) // G if C > 1 else 0
-                _signal(counters + layer * NCNT + 5 + C - 1, n_units - lo)
         else:
             for i in range(n_units):
                 u = pid + i * G
@@ -504,38 +492,15 @@ def _mega_decode_kernel(
         # the first down unit: K chunk c = u * RB // H, rows u * RB % H..
         w = _load_unit(_unit_rows(p_dn, pid, rows, H, I, RB, 2), pid, rows, cols, RB, C * H)
         _stamp(stamps, pid, layer, 9, L, STAMP)
-        if not (FG and STAGES > 1):
-            _signal(counters + layer * NCNT + 3, n_units)
+        _signal(counters + layer * NCNT + 3, n_units)
         # ---------------- down_proj: K chunks of H, partials to dpart[layer, c] ----------------
         n_units = (U_DN - pid + G - 1) // G
         _prefetch_units(p_dn, pid, G, U_DN, rows, pf_cols, H, I, RB, 2, USE_PF, PF)
-        UDC: tl.constexpr = H // RB  # down_proj units a K chunk
-        if FG and STAGES > 1:
-            # chunk by chunk: each waits for its own act rows only (one wait, one load of x per chunk)
-            for c in tl.static_range(C):
-                _wait(counters + layer * NCNT + 5 + c, UC)
-                if c == 0:
-                    _stamp(stamps, pid, layer, 4, L, STAMP)
-                xc = tl.load(act + layer * I + c * H + cols, cache_modifier=".cg")
-                if c == 0:
-                    if n_units > 0:
-                        acc = tl.sum(w.to(tl.float32) * xc[None, :], axis=1)
-                        tl.store(dpart + layer * C * H + pid * RB + rows, acc)
-                lo = (c * UDC - pid + G - 1) // G if c > 0 else 1
-                hi = ((c + 1) * UDC - pid + G - 1) // G
-                for i in tl.range(lo, hi, num_stages=STAGES):
-                    u = pid + i * G
-                    wi = tl.load(_unit_rows(p_dn, u, rows, H, I, RB, 2)[:, None] + cols[None, :])
-                    acc = tl.sum(wi.to(tl.float32) * xc[None, :], axis=1)
-                    tl.store(dpart + layer * C * H + u * RB + rows, acc)
-        else:
-            _wait(counters + layer * NCNT + 3, U_GU)
-            _stamp(stamps, pid, layer, 4, L, STAMP)
+        _wait(counters + layer * NCNT + 3, U_GU)
+        _stamp(stamps, pid, layer, 4, L, STAMP)
         c0 = (pid * RB) // H
         xa = tl.load(act + layer * I + c0 * H + cols, mask=c0 * H + cols < I, other=0.0, cache_modifier=".cg")
-        if FG and STAGES > 1:
-            pass
-        elif STAGES > 1:
+        if STAGES > 1:
             if n_units > 0:
                 acc = tl.sum(w.to(tl.float32) * xa[None, :], axis=1)
                 tl.store(dpart + layer * C * H + pid * RB + rows, acc)
@@ -626,14 +591,16 @@ class MegaConfig:
     stages: int = 3
     # o_proj merges up to this many attention chunks with one load (a power of 2; 0: a loop over them)
     merge_splits: int = 0
-    l2_prefetch: int = 0  # units beyond the first that a program prefetches into L2 at each phase's start
-    # o_proj units beyond the first that a program prefetches into L2 as soon as its qkv units are done, so that
-    # the DRAM streams o_proj's weights through the attention (8 units of 4 rows: all of a program's share)
+    # units beyond the first that a program prefetches into L2 at each phase's start (session 52, H100, with
+    # res_preload: 1 5.667 ms a step, 0 5.748, 2 5.766, 4 6.018)
+    l2_prefetch: int = 1
+    # o_proj units beyond the first that a program prefetches into L2 once its qkv units are done, so that the
+    # DRAM streams o_proj's weights through the attention (session 52, H100: o_proj -3 us a layer, the attention's
+    # start +5..8 us: slower in both placements, before and after the qkv signal)
     o_prefetch: int = 0
     # o_proj's residual rows for all of a program's units loaded before its wait, not one L2 round trip a unit
-    res_preload: int = 0
-    # down_proj's units of each K chunk wait for the gate_up units of that chunk only, not the whole phase
-    fine_grained: int = 0
+    # (session 52, H100: o_proj 22.3 -> 19.5 us a layer, 5.834 -> 5.749 ms a step)
+    res_preload: int = 1
 
     @staticmethod
     def from_hf(cfg, **kw) -> MegaConfig:  # type: ignore[no-untyped-def]
@@ -745,7 +712,7 @@ class MegaKernel:
         self.h_mid = torch.zeros(L, h, **f32)
         self.act = torch.zeros(L, i, **f32)
         self.dpart = torch.zeros(L, i // h, h, **f32)
-        self.counters = torch.zeros(L, NUM_PHASES + i // h, dtype=torch.int32, device=device)
+        self.counters = torch.zeros(L, NUM_PHASES, dtype=torch.int32, device=device)
         if device.type == "cuda":
             self.grid = torch.cuda.get_device_properties(device).multi_processor_count
         else:
@@ -807,7 +774,6 @@ class MegaKernel:
             SP=max(1, cfg.merge_splits),
             PFO=cfg.o_prefetch if on_cuda else 0,
             HAS_LM=self.lm_head is not None,
-            FG=bool(cfg.fine_grained) and cfg.stages > 1 and cfg.hidden // cfg.rows >= self.grid,
             OPAD=triton.next_power_of_2(-(-(cfg.hidden // cfg.rows) // self.grid)) if cfg.res_preload else 0,
             num_warps=cfg.warps,
             num_stages=1,
@@ -985,7 +951,6 @@ OPT_KEYS = {
     "mg": "merge_splits",
     "po": "o_prefetch",
     "rp": "res_preload",
-    "fg": "fine_grained",
 }
 
 
