@@ -124,6 +124,19 @@ def test_megakernel_rejects_unsupported_shapes() -> None:
             {},
             torch.device("cpu"),
         )
+    # the engine's tensors in another layout (a transposed down_proj: the kn layout) are refused, not misread
+    from specserve.layers.triton_megakernel import MegaKernel
+
+    cfg = MegaConfig(
+        hidden=64, heads=2, kv_heads=1, head_dim=32, intermediate=128, layers=1, vocab=16, rows=4
+    )
+    w = _weights(cfg)
+    ly = dict(w["layers"][0])
+    ly["down"] = ly["down"].t().contiguous()
+    cache = torch.zeros(4, 16, 1, 32, dtype=torch.bfloat16)
+    rope = torch.zeros(64, 32)
+    with pytest.raises(ValueError, match="layer 0 down"):
+        MegaKernel(cfg, [ly], [cache], [cache], w["final_norm"], rope, rope, None, 64)
 
 
 _HOPPER_SCRIPT = r"""
@@ -234,14 +247,14 @@ def test_megakernel_eligibility(monkeypatch) -> None:
     monkeypatch.delenv("SPECSERVE_MEGAKERNEL", raising=False)
     monkeypatch.setattr(tm, "AUTO_ON", True)
     assert use_megakernel("cuda", ModelConfig(**base), torch.bfloat16)
-    # auto: speculative targets keep the transposed layout their verify GEMMs run faster on; CPU stays eager
+    # speculative targets keep the transposed layout their verify GEMMs run faster on (and the kernel has no taps)
     assert not use_megakernel("cuda", ModelConfig(**base), torch.bfloat16, speculative=True)
     assert not use_megakernel("cpu", ModelConfig(**base), torch.bfloat16)
     monkeypatch.setattr(tm, "AUTO_ON", False)
     assert not use_megakernel("cuda", ModelConfig(**base), torch.bfloat16)
     monkeypatch.setenv("SPECSERVE_MEGAKERNEL", "1")
     assert use_megakernel("cpu", ModelConfig(**base), torch.bfloat16)  # the interpreter (these tests)
-    assert use_megakernel("cuda", ModelConfig(**base), torch.bfloat16, speculative=True)
+    assert not use_megakernel("cuda", ModelConfig(**base), torch.bfloat16, speculative=True)
     monkeypatch.setenv("SPECSERVE_WEIGHT_LAYOUT", "kn")  # a layout the kernel cannot read
     assert not use_megakernel("cpu", ModelConfig(**base), torch.bfloat16)
     monkeypatch.setenv("SPECSERVE_MEGAKERNEL", "yes")

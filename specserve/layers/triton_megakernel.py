@@ -678,6 +678,8 @@ class MegaKernel:
         }
         if len(layers) != cfg.layers or len(k_caches) != cfg.layers or len(v_caches) != cfg.layers:
             raise ValueError(f"{cfg.layers} layers and caches expected")
+        if lm_head is not None and tuple(lm_head.shape) != (cfg.vocab, h):
+            raise ValueError(f"lm_head {tuple(lm_head.shape)}, want {(cfg.vocab, h)}")
         block_size = k_caches[0].shape[1]
         rows = []
         for n, ly in enumerate(layers):
@@ -695,6 +697,10 @@ class MegaKernel:
                     or not c.is_contiguous()
                 ):
                     raise ValueError(f"layer {n}: a KV cache of {tuple(c.shape)} {c.dtype}")
+                if c.numel() >= 2**31:  # the attention's offsets within a layer's cache are int32
+                    raise ValueError(
+                        f"layer {n}: a KV cache of {c.numel()} elements (the kernel's limit: 2**31)"
+                    )
             rows.append([ly[k].data_ptr() for k in shapes] + [k_caches[n].data_ptr(), v_caches[n].data_ptr()])
         self.cfg = cfg
         self.device = device = final_norm.device
@@ -973,7 +979,8 @@ AUTO_ON = False
 
 def megakernel_mode() -> str:
     """``SPECSERVE_MEGAKERNEL``: ``0`` off, ``1`` on wherever the target's shapes allow (CUDA, or the Triton
-    interpreter on CPU: tests), ``auto`` (default) as :data:`AUTO_ON` says on CUDA."""
+    interpreter on CPU: tests; never with speculative decoding), ``auto`` (default) as :data:`AUTO_ON` says on
+    CUDA."""
     v = os.environ.get(MEGAKERNEL_ENV, "").strip().lower() or "auto"
     if v not in ("0", "1", "auto"):
         raise ValueError(f"{MEGAKERNEL_ENV} must be 0, 1 or auto, got {v!r}")
@@ -1013,11 +1020,12 @@ def use_megakernel(
     device: torch.device | str, mc: ModelConfig, dtype: torch.dtype, speculative: bool = False
 ) -> bool:
     """Whether the runner should run this target's batch-1 decode steps as the megakernel (it then keeps the
-    projections in nn.Linear's layout, which the kernel reads in place). ``auto`` leaves speculative targets
-    alone: their verify GEMMs run slower on that layout (session 52, H100: the DFlash K=15 step 7.33 -> 8.05 ms)."""
+    projections in nn.Linear's layout, which the kernel reads in place). Never for a speculative target: the kernel
+    writes no hidden-state taps for a drafter, and that layout makes the verify GEMMs slower (session 52, H100: the
+    DFlash K=15 step 7.33 -> 8.05 ms)."""
     mode = megakernel_mode()
     on_cuda = torch.device(device).type == "cuda"
-    if mode == "0" or (mode == "auto" and not (AUTO_ON and on_cuda and not speculative)):
+    if mode == "0" or speculative or (mode == "auto" and not (AUTO_ON and on_cuda)):
         return False
     if not on_cuda and os.environ.get("TRITON_INTERPRET") != "1":
         return False
