@@ -404,25 +404,27 @@ def _mega_decode_kernel(
         _stamp(stamps, pid, layer, 2, L, STAMP)
         hh = tl.arange(0, NH)
         dd = tl.arange(0, D)
-        if S <= SP:  # every split's partial in one load (one L2 round trip instead of S)
+        if S <= SP:  # the splits unrolled: every partial's load issued before the math (one L2 round trip)
             sp = tl.arange(0, SP)
-            spm = sp < S
             lse = tl.load(
                 att_lse + sp[:, None] * NH + hh[None, :],
-                mask=spm[:, None],
+                mask=(sp < S)[:, None],
                 other=float("-inf"),
                 cache_modifier=".cg",
             )
-            o3 = tl.load(
-                att_o + (sp[:, None, None] * NH + hh[None, :, None]) * D + dd[None, None, :],
-                mask=spm[:, None, None],
-                other=0.0,
-                cache_modifier=".cg",
-            )
             mx = tl.max(lse, axis=0)
-            wgt = tl.exp(lse - mx[None, :])
-            num = tl.sum(o3 * wgt[:, :, None], axis=0)
+            wgt = tl.exp(lse - mx[None, :])  # [SP, NH], 0 past S
             den = tl.sum(wgt, axis=0)
+            num = tl.zeros([NH, D], tl.float32)
+            for j in tl.static_range(SP):
+                oj = tl.load(
+                    att_o + (j * NH + hh)[:, None] * D + dd[None, :],
+                    mask=hh[:, None] * 0 + dd[None, :] * 0 + j < S,
+                    other=0.0,
+                    cache_modifier=".cg",
+                )
+                wj = tl.sum(tl.where(sp[:, None] == j, wgt, 0.0), axis=0)
+                num += oj * wj[:, None]
         else:
             mx = tl.full([NH], float("-inf"), tl.float32)
             den = tl.zeros([NH], tl.float32)
@@ -589,7 +591,8 @@ class MegaConfig:
     # > 1: the units after each phase's first streamed by Triton's software pipeliner (cp.async), this many deep;
     # 1: a register double buffer (session 51, H100: 3 stages 5.81 ms a step, 4 stages 5.84, 1 stage 7.11)
     stages: int = 3
-    # o_proj merges up to this many attention chunks with one load (a power of 2; 0: a loop over them)
+    # o_proj merges up to this many attention chunks unrolled, every load issued up front (a power of 2; 0: a loop
+    # over them, one L2 round trip each; session 52, H100: a single 3-D load of 4 was slower, 6.428 vs 5.839 ms)
     merge_splits: int = 0
     # units beyond the first that a program prefetches into L2 at each phase's start (session 52, H100, with
     # res_preload: 1 5.667 ms a step, 0 5.748, 2 5.766, 4 6.018)
