@@ -187,11 +187,11 @@ def main() -> int:
         "--variants",
         nargs="+",
         default=[
-            "rb=4,st=3,rp=1,pf=1",  # the defaults (session 52)
-            "rb=4,st=3,rp=0,pf=0",  # session 51's form
-            "rb=4,st=3,rp=1,pf=2",
-            "rb=4,st=3,rp=1,pf=1,po=7",
-            "rb=4,st=3,rp=1,pf=1,ch=64",
+            "rb=4,st=3,rp=1,pf=1,mg=4",  # the defaults (session 52)
+            "rb=4,st=3,rp=0,pf=0,mg=0",  # session 51's form
+            "rb=4,st=3,rp=1,pf=2,mg=4",
+            "rb=4,st=3,rp=1,pf=1,mg=8",
+            "rb=4,st=3,rp=1,pf=1,mg=8,ch=64",
         ],
     )
     ap.add_argument("--prompt", type=int, default=128)

@@ -1,6 +1,7 @@
 """A persistent one-launch decode step for a Qwen3-shaped target at batch 1 (issue #6, sessions 51-52). The engine
 runs its batch-1 plain decode steps with it under ``SPECSERVE_MEGAKERNEL=1`` (:func:`use_megakernel`,
-:func:`bind_model`; off by default: it ties the engine's tuned kernels on the H100 and has not run on an H200).
+:func:`bind_model`; off by default: 1.7% faster than the engine's tuned kernels on the H100, not yet run on an H200,
+and its spin waits need every program resident, which a GPU shared through MPS may not grant).
 
 Why: a one-row decode step of the 8B shape spends ~22 us a layer over its weights' read time on the H200 (session
 49's chain profile): the ramps of the split-K GEMMs and the small kernels between them (attention, merge, norms,
@@ -36,9 +37,10 @@ layers round activations to bf16 where HF does, so its tokens may differ from th
 
 Measured (H100 80GB HBM3, benchmarks/megakernel_decode.py, 8B shape, random weights, batch 1; benchmarks/README.md
 sessions 51-52): 5.813 ms a greedy step in the first form (session 51); with the paged cache, o_proj's residual rows
-preloaded and one unit prefetched into L2 a phase 5.667 ms = 1.139x the floor (session 52), and inside the engine's
-decode graph 5.684 ms against the engine's default step 5.672 on the same card. gate_up and down_proj stream at their
-floor; the attention (~5 us) and the phases' boundaries (~1-2 us each) are what remains.
+preloaded, one unit prefetched into L2 a phase and the attention chunks' merge unrolled 5.651 ms = 1.122x the floor
+(session 52); inside the engine's decode graph 5.673-5.680 ms against the engine's default step 5.771-5.772 on the
+same card (-1.7%, both orders). gate_up and down_proj stream at their floor; the attention (~5 us a layer) and the
+phases' hand-overs (~1-2.5 us each) are what remains.
 
 Runs under ``TRITON_INTERPRET=1`` with a grid of one program (which walks every unit in order, so no wait ever
 spins); on the GPU with the SM count.
@@ -592,8 +594,9 @@ class MegaConfig:
     # 1: a register double buffer (session 51, H100: 3 stages 5.81 ms a step, 4 stages 5.84, 1 stage 7.11)
     stages: int = 3
     # o_proj merges up to this many attention chunks unrolled, every load issued up front (a power of 2; 0: a loop
-    # over them, one L2 round trip each; session 52, H100: a single 3-D load of 4 was slower, 6.428 vs 5.839 ms)
-    merge_splits: int = 0
+    # over them, one L2 round trip each; longer contexts take the loop). Session 52, H100: o_proj 18.7 -> 14.6 us a
+    # layer at 2-3 chunks, 5.724 -> 5.651 ms a step (a single 3-D load of 4 had been slower, 6.428 vs 5.839)
+    merge_splits: int = 4
     # units beyond the first that a program prefetches into L2 at each phase's start (session 52, H100, with
     # res_preload: 1 5.667 ms a step, 0 5.748, 2 5.766, 4 6.018)
     l2_prefetch: int = 1

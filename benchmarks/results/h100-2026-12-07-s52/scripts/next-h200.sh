@@ -6,10 +6,10 @@ T0=$(date +%s)
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 mkdir -p /root/q3 && cp .s28q/q3/* /root/q3/ && (cd /root/q3 && python -c "import lzma,glob
 for f in glob.glob('*.xz'): open(f[:-3],'wb').write(lzma.open(f).read())" && rm -f *.xz)
-timeout 150 python benchmarks/megakernel_decode.py --reps 2 --variants rb=4,st=3,rp=1,pf=1 rb=4,st=3,rp=0,pf=0 \
-  rb=4,st=3,rp=1,pf=2 rb=4,st=4,rp=1,pf=1 --out $OUT/mega.json > $OUT/mega.log 2>&1
+timeout 150 python benchmarks/megakernel_decode.py --reps 2 --variants rb=4,st=3,rp=1,pf=1,mg=4 rb=4,st=3,rp=0,pf=0,mg=0 \
+  rb=4,st=3,rp=1,pf=1,mg=0 rb=4,st=3,rp=1,pf=2,mg=4 --out $OUT/mega.json > $OUT/mega.log 2>&1
 echo "mega rc=$? $(( $(date +%s) - T0 )) s"; grep -v "Warning\|nanm\|first = \|done_" $OUT/mega.log | tail -9
-BEST=$(python -c "import json; r=[x for x in json.load(open('$OUT/mega.json'))['rows'] if 'ms_per_step' in x]; print(min(r, key=lambda x: x['ms_per_step'])['variant'])" 2>/dev/null || echo rb=4,st=3,rp=1,pf=1)
+BEST=$(python -c "import json; r=[x for x in json.load(open('$OUT/mega.json'))['rows'] if 'ms_per_step' in x]; print(min(r, key=lambda x: x['ms_per_step'])['variant'])" 2>/dev/null || echo rb=4,st=3,rp=1,pf=1,mg=4)
 for MK in 1 0; do
   CF="plain"; [ $MK = 0 ] && CF="plain dflash:15"
   SPECSERVE_MEGAKERNEL=$MK SPECSERVE_MEGAKERNEL_OPTS=$BEST timeout 200 python benchmarks/step_latency.py --config-dir /root/q3 \
