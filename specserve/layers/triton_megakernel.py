@@ -551,22 +551,14 @@ def _mega_decode_kernel(
                 tl.store(out + pid * RB + rows, acc, mask=pid * RB + rows < V)
             for i in tl.range(1, n_units, num_stages=STAGES):
                 u = pid + i * G
-                wi = tl.load(
-                    _unit_rows(wlm, u, rows, H, I, RB, 0)[:, None] + cols[None, :],
-                    mask=(u * RB + rows < V)[:, None],
-                    other=0.0,
-                )
+                wi = _load_unit(_unit_rows(wlm, u, rows, H, I, RB, 0), u, rows, cols, RB, V)
                 acc = tl.sum(wi.to(tl.float32) * x[None, :], axis=1)
                 tl.store(out + u * RB + rows, acc, mask=u * RB + rows < V)
         else:
             for i in range(n_units):
                 u = pid + i * G
                 un = u + G
-                wn = tl.load(
-                    _unit_rows(wlm, un, rows, H, I, RB, 0)[:, None] + cols[None, :],
-                    mask=(un * RB + rows < V)[:, None],
-                    other=0.0,
-                )
+                wn = _load_unit(_unit_rows(wlm, un, rows, H, I, RB, 0), un, rows, cols, RB, V)
                 acc = tl.sum(w.to(tl.float32) * x[None, :], axis=1)
                 tl.store(out + u * RB + rows, acc, mask=u * RB + rows < V)
                 w = wn
