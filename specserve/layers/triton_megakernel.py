@@ -187,6 +187,21 @@ def _kv_rows(cache, block_table, tpos, kvh, valid, NKV: tl.constexpr, D: tl.cons
     return cache + ((blk * BS + tpos % BS) * NKV + kvh) * D  # int32 offsets: a layer's cache < 2**31 elements
 
 
+@triton.jit
+def _load_kv(k_cache, v_cache, block_table, tpos, kvh, past, d_h, NKV: tl.constexpr, D: tl.constexpr,
+             BS: tl.constexpr):  # fmt: skip
+    # a chunk's past K / V rows of one KV head, each split in its two rotary halves: [CH, D/2] x 4 (zero elsewhere)
+    krow = _kv_rows(k_cache, block_table, tpos, kvh, past, NKV, D, BS)
+    vrow = _kv_rows(v_cache, block_table, tpos, kvh, past, NKV, D, BS)
+    HD: tl.constexpr = D // 2
+    m = past[:, None]
+    ka = tl.load(krow[:, None] + d_h[None, :], mask=m, other=0.0)
+    kb = tl.load(krow[:, None] + HD + d_h[None, :], mask=m, other=0.0)
+    va = tl.load(vrow[:, None] + d_h[None, :], mask=m, other=0.0)
+    vb = tl.load(vrow[:, None] + HD + d_h[None, :], mask=m, other=0.0)
+    return ka, kb, va, vb
+
+
 @triton.jit(do_not_specialize=["eps", "scale"])
 def _mega_decode_kernel(
     table,  # int64 [L, 10]: per layer the addresses of qkv [NQKV,H], o [H,H], gate_up [2I,H], down [H,I] (bf16,
@@ -296,12 +311,7 @@ def _mega_decode_kernel(
         ch = t // NKV
         tpos = ch * CH + tok
         past = (tpos < pos) & (tok * 0 + t < NT)
-        krow = _kv_rows(k_cache, block_table, tpos, kvh, past, NKV, D, BS)
-        vrow = _kv_rows(v_cache, block_table, tpos, kvh, past, NKV, D, BS)
-        ka = tl.load(krow[:, None] + d_h[None, :], mask=past[:, None], other=0.0)
-        kb = tl.load(krow[:, None] + HD + d_h[None, :], mask=past[:, None], other=0.0)
-        va = tl.load(vrow[:, None] + d_h[None, :], mask=past[:, None], other=0.0)
-        vb = tl.load(vrow[:, None] + HD + d_h[None, :], mask=past[:, None], other=0.0)
+        ka, kb, va, vb = _load_kv(k_cache, v_cache, block_table, tpos, kvh, past, d_h, NKV, D, BS)
         _signal(counters + layer * NCNT + 0, n_units)
         if pid < NT:
             _wait(counters + layer * NCNT + 0, U_QKV)
@@ -312,12 +322,7 @@ def _mega_decode_kernel(
                 tpos = ch * CH + tok
                 if tt != pid:  # more attention units than programs (the interpreter's grid of one): load here
                     past = tpos < pos
-                    krow = _kv_rows(k_cache, block_table, tpos, kvh, past, NKV, D, BS)
-                    vrow = _kv_rows(v_cache, block_table, tpos, kvh, past, NKV, D, BS)
-                    ka = tl.load(krow[:, None] + d_h[None, :], mask=past[:, None], other=0.0)
-                    kb = tl.load(krow[:, None] + HD + d_h[None, :], mask=past[:, None], other=0.0)
-                    va = tl.load(vrow[:, None] + d_h[None, :], mask=past[:, None], other=0.0)
-                    vb = tl.load(vrow[:, None] + HD + d_h[None, :], mask=past[:, None], other=0.0)
+                    ka, kb, va, vb = _load_kv(k_cache, v_cache, block_table, tpos, kvh, past, d_h, NKV, D, BS)
                 qb = qkv_buf + layer * NQKV
                 qrow = (kvh * GQ + g16)[:, None] * D
                 qmask = (g16 < GQ)[:, None]
