@@ -151,11 +151,11 @@ def timed(cfg: MegaConfig, w: dict, prompt: int, steps: int, reps: int) -> dict:
         dec.stamps.zero_()
         dec.launch(tok, prompt + steps + j, stamp=True)
         torch.cuda.synchronize()
-        st = dec.stamps.double()
-        st[st == 0] = float("nan")
-        first = torch.from_numpy(np.nanmin(st.cpu().numpy(), 0))  # [L + 1, 12]: the earliest program
-        done_med = torch.from_numpy(np.nanmedian(st.cpu().numpy(), 0))
-        done_max = torch.from_numpy(np.nanmax(st.cpu().numpy(), 0))
+        st = dec.stamps.double().cpu().numpy()
+        st[st == 0] = np.nan
+        first = torch.from_numpy(np.nanmin(st, 0))  # [L + 1, 12]: the earliest program
+        done_med = torch.from_numpy(np.nanmedian(st, 0))
+        done_max = torch.from_numpy(np.nanmax(st, 0))
         L = cfg.layers
         for layer in range(L):
             t = first[layer]

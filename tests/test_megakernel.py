@@ -150,7 +150,7 @@ ptrs.update(table="i64", block_table="i32", pos_ptr="i64", counters="i32", stamp
 # the Qwen3-8B shape, the benchmark's default unit (4 rows): both GEMV forms, with the L2 prefetches and stamps
 for stages, pf, pfo, opad in [(1, 0, 0, 0), (3, 2, 7, 8), (3, 1, 0, 8)]:
     const = dict(L=36, H=4096, NH=32, NKV=8, D=128, I=12288, V=151936, CH=128, RB=4, BS=16, HAS_LM=True,
-                 USE_PF=pf > 0, PF=pf, UPCAST=False, STAMP=True, STAGES=stages, SP=4 if stages > 1 else 1,
+                 PF=pf, UPCAST=False, STAMP=True, STAGES=stages, SP=4 if stages > 1 else 1,
                  PFO=pfo, OPAD=opad)
     kernel, reg, stack = compile_sm90(_mega_decode_kernel, ptrs, const, num_warps=8, num_stages=1,
                                       floats=("eps", "scale"))
@@ -204,11 +204,13 @@ def test_engine_decode_steps_run_the_megakernel(tiny2_qwen3_dir, monkeypatch) ->
 
     monkeypatch.setattr(tm.MegaKernel, "launch", counted)
     monkeypatch.setenv("SPECSERVE_MEGAKERNEL", "1")
+    monkeypatch.setenv("SPECSERVE_MEGAKERNEL_OPTS", "mg=2")
     prompts = ["The capital of France is", "1 2 3 4 5 6"]
     sp = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
     llm = LLM(tiny2_qwen3_dir, dtype="bfloat16", device="cpu", attention_backend="triton", num_gpu_blocks=16)
     model = llm.engine.runner.model
     assert model.megakernel is not None and isinstance(model.layers[0].self_attn.qkv_proj, torch.nn.Linear)
+    assert model.megakernel.cfg.merge_splits == 2  # SPECSERVE_MEGAKERNEL_OPTS reached the engine's kernel
     # one request at a time: batch-1 decode steps (a batch of two runs the layers)
     outs = [llm.generate([p], sp)[0] for p in prompts]
     assert len(launches) == 2 * 7  # every decode step after the prefill's token
@@ -260,3 +262,14 @@ def test_megakernel_eligibility(monkeypatch) -> None:
     monkeypatch.setenv("SPECSERVE_MEGAKERNEL", "yes")
     with pytest.raises(ValueError, match="SPECSERVE_MEGAKERNEL must be 0, 1 or auto"):
         megakernel_mode()
+
+
+def test_megakernel_opts(monkeypatch) -> None:
+    # SPECSERVE_MEGAKERNEL_OPTS (the benchmark's variant keys) reach the engine's kernel; bad ones are a clear error
+    from specserve.layers.triton_megakernel import parse_opts
+
+    assert parse_opts("rb=8, st=2,mg=0,po=7") == {"rows": 8, "stages": 2, "merge_splits": 0, "o_prefetch": 7}
+    assert parse_opts("") == {}
+    for bad in ("rb=x", "speed=3", "rb"):
+        with pytest.raises(ValueError, match="SPECSERVE_MEGAKERNEL_OPTS: expected key=N"):
+            parse_opts(bad)

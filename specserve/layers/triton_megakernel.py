@@ -57,7 +57,7 @@ import torch
 import triton
 import triton.language as tl
 
-from specserve.config import ModelConfig, rope_from_hf
+from specserve.config import ModelConfig
 
 __all__ = ["MegaConfig", "MegaDecoder", "reference_step"]
 
@@ -133,28 +133,27 @@ def _load_unit(rowp, u, rows, cols, RB: tl.constexpr, N):
 
 
 @triton.jit
-def _l2_prefetch(rowp, cols64, USE_PF: tl.constexpr):
+def _l2_prefetch(rowp, cols64):
     # one prefetch per 128-byte line of a unit's rows (64 bf16 a line)
-    if USE_PF:
-        lines = rowp[:, None] + cols64[None, :] * 64
-        tl.inline_asm_elementwise(
-            "prefetch.global.L2::evict_last [$1]; mov.u32 $0, 0;",
-            "=r,l",
-            [lines],
-            dtype=tl.int32,
-            is_pure=False,
-            pack=1,
-        )
+    lines = rowp[:, None] + cols64[None, :] * 64
+    tl.inline_asm_elementwise(
+        "prefetch.global.L2::evict_last [$1]; mov.u32 $0, 0;",
+        "=r,l",
+        [lines],
+        dtype=tl.int32,
+        is_pure=False,
+        pack=1,
+    )
 
 
 @triton.jit
 def _prefetch_units(base, pid, G, U, rows, cols64, H: tl.constexpr, I: tl.constexpr, RB: tl.constexpr,
-                    KIND: tl.constexpr, USE_PF: tl.constexpr, PF: tl.constexpr):  # fmt: skip
+                    KIND: tl.constexpr, PF: tl.constexpr):  # fmt: skip
     # units 1..PF of this program's share of a phase into L2 (unit 0 is in registers already)
     for j in tl.static_range(PF):
         u = pid + (j + 1) * G
         if u < U:
-            _l2_prefetch(_unit_rows(base, u, rows, H, I, RB, KIND), cols64, USE_PF)
+            _l2_prefetch(_unit_rows(base, u, rows, H, I, RB, KIND), cols64)
 
 
 @triton.jit
@@ -234,7 +233,6 @@ def _mega_decode_kernel(
     CH: tl.constexpr,
     RB: tl.constexpr,
     BS: tl.constexpr,
-    USE_PF: tl.constexpr,
     PF: tl.constexpr,
     UPCAST: tl.constexpr,
     STAMP: tl.constexpr,
@@ -277,7 +275,7 @@ def _mega_decode_kernel(
         v_cache = _ptr(table, layer, 9)
         # ---------------- qkv: x = rmsnorm(residual) ----------------
         n_units = (U_QKV - pid + G - 1) // G
-        _prefetch_units(p_qkv, pid, G, U_QKV, rows, pf_cols, H, I, RB, 0, USE_PF, PF)
+        _prefetch_units(p_qkv, pid, G, U_QKV, rows, pf_cols, H, I, RB, 0, PF)
         if layer > 0:
             _wait(counters + (layer - 1) * NCNT + 4, U_DN)
         _stamp(stamps, pid, layer, 0, L, STAMP)
@@ -394,12 +392,12 @@ def _mega_decode_kernel(
             _signal(counters + layer * NCNT + 1, (NT - pid + G - 1) // G)
         # o_proj's weights into L2 while the attention runs (the DRAM would idle through it); after the qkv signal
         # (issued before it, the prefetches held the signal back ~8 us a layer: session 52)
-        _prefetch_units(p_o, pid, G, U_O, rows, pf_cols, H, I, RB, 0, PFO > 0, PFO)
+        _prefetch_units(p_o, pid, G, U_O, rows, pf_cols, H, I, RB, 0, PFO)
         # the first o_proj unit (for the attention's programs after it: its registers were the K / V tiles')
         w = _load_unit(_unit_rows(p_o, pid, rows, H, I, RB, 0), pid, rows, cols, RB, H)
         # ---------------- o_proj: x = merged attention; out + residual -> h_mid ----------------
         n_units = (U_O - pid + G - 1) // G
-        _prefetch_units(p_o, pid, G, U_O, rows, pf_cols, H, I, RB, 0, USE_PF, PF)
+        _prefetch_units(p_o, pid, G, U_O, rows, pf_cols, H, I, RB, 0, PF)
         if OPAD > 0:  # the residual rows of all this program's units in registers (no L2 round trip a unit)
             iv = tl.arange(0, OPAD)
             roffs = (pid + iv * G)[:, None] * RB + rows[None, :]
@@ -478,7 +476,7 @@ def _mega_decode_kernel(
         _signal(counters + layer * NCNT + 2, n_units)
         # ---------------- gate_up + SiLU-mul: x = rmsnorm(h_mid) ----------------
         n_units = (U_GU - pid + G - 1) // G
-        _prefetch_units(p_gu, pid, G, U_GU, rows, pf_cols, H, I, RB, 1, USE_PF, PF)
+        _prefetch_units(p_gu, pid, G, U_GU, rows, pf_cols, H, I, RB, 1, PF)
         _wait(counters + layer * NCNT + 2, U_O)
         _stamp(stamps, pid, layer, 3, L, STAMP)
         hm = tl.load(h_mid + layer * H + cols, cache_modifier=".cg")
@@ -504,7 +502,7 @@ def _mega_decode_kernel(
         _signal(counters + layer * NCNT + 3, n_units)
         # ---------------- down_proj: K chunks of H, partials to dpart[layer, c] ----------------
         n_units = (U_DN - pid + G - 1) // G
-        _prefetch_units(p_dn, pid, G, U_DN, rows, pf_cols, H, I, RB, 2, USE_PF, PF)
+        _prefetch_units(p_dn, pid, G, U_DN, rows, pf_cols, H, I, RB, 2, PF)
         _wait(counters + layer * NCNT + 3, U_GU)
         _stamp(stamps, pid, layer, 4, L, STAMP)
         c0 = (pid * RB) // H
@@ -607,21 +605,12 @@ class MegaConfig:
 
     @staticmethod
     def from_hf(cfg, **kw) -> MegaConfig:  # type: ignore[no-untyped-def]
-        theta, scaling = rope_from_hf(cfg)
-        if scaling is not None:
-            raise ValueError(f"the megakernel computes the default RoPE only, not {scaling}")
-        return MegaConfig(
-            hidden=cfg.hidden_size,
-            heads=cfg.num_attention_heads,
-            kv_heads=cfg.num_key_value_heads,
-            head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads,
-            intermediate=cfg.intermediate_size,
-            layers=cfg.num_hidden_layers,
-            vocab=cfg.vocab_size,
-            eps=cfg.rms_norm_eps,
-            rope_theta=theta,
-            **kw,
-        )
+        """From an HF config, for :class:`MegaDecoder`, whose RoPE tables are the default ones (the engine's
+        :func:`bind_model` passes its own tables, any scaling)."""
+        mc = ModelConfig.from_hf(cfg)
+        if mc.rope_scaling is not None:
+            raise ValueError(f"the megakernel computes the default RoPE only, not {mc.rope_scaling}")
+        return config_for(mc, **kw)
 
 
 def _pow2(n: int) -> bool:
@@ -727,6 +716,30 @@ class MegaKernel:
         else:
             self.grid = 1
         self.stamps = torch.zeros(self.grid, L + 1, 12, dtype=torch.int64, device=device)
+        on_cuda = device.type == "cuda"
+        self.scale = 1.0 / math.sqrt(d)
+        # the launch's compile-time arguments, fixed by the config and the device (the prefetches: CUDA only)
+        self.constants = dict(
+            L=L,
+            H=h,
+            NH=cfg.heads,
+            NKV=cfg.kv_heads,
+            D=d,
+            I=i,
+            V=cfg.vocab,
+            CH=cfg.chunk,
+            RB=cfg.rows,
+            BS=block_size,
+            PF=cfg.l2_prefetch if on_cuda else 0,
+            UPCAST=not on_cuda,
+            STAGES=cfg.stages,
+            SP=max(1, cfg.merge_splits),
+            PFO=cfg.o_prefetch if on_cuda else 0,
+            HAS_LM=lm_head is not None,
+            OPAD=triton.next_power_of_2(-(-(h // cfg.rows) // self.grid)) if cfg.res_preload else 0,
+            num_warps=cfg.warps,
+            num_stages=1,
+        )
 
     def launch(
         self,
@@ -741,10 +754,7 @@ class MegaKernel:
         an LM head, else the final-normed hidden state [H]. Asynchronous and graph-capturable (no host reads).
         ``stamp`` (CUDA only) records in :attr:`stamps` [grid, layers + 1, 12] the global timer when each program's
         wait for each phase returned (0-4), the LM head ended (5) and its units of each phase were done (6-10)."""
-        cfg = self.cfg
         self.counters.zero_()
-        on_cuda = self.device.type == "cuda"
-        use_pf = on_cuda and cfg.l2_prefetch > 0
         _mega_decode_kernel[(self.grid,)](
             self.table,
             self.lm_head if self.lm_head is not None else self.final_norm,
@@ -763,29 +773,10 @@ class MegaKernel:
             out,
             self.counters,
             self.stamps,
-            cfg.eps,
-            1.0 / math.sqrt(cfg.head_dim),
-            L=cfg.layers,
-            H=cfg.hidden,
-            NH=cfg.heads,
-            NKV=cfg.kv_heads,
-            D=cfg.head_dim,
-            I=cfg.intermediate,
-            V=cfg.vocab,
-            CH=cfg.chunk,
-            RB=cfg.rows,
-            BS=self.block_size,
-            USE_PF=use_pf,
-            PF=cfg.l2_prefetch if use_pf else 0,
-            UPCAST=not on_cuda,
+            self.cfg.eps,
+            self.scale,
             STAMP=stamp,
-            STAGES=cfg.stages,
-            SP=max(1, cfg.merge_splits),
-            PFO=cfg.o_prefetch if on_cuda else 0,
-            HAS_LM=self.lm_head is not None,
-            OPAD=triton.next_power_of_2(-(-(cfg.hidden // cfg.rows) // self.grid)) if cfg.res_preload else 0,
-            num_warps=cfg.warps,
-            num_stages=1,
+            **self.constants,
         )
         return out
 
