@@ -1010,16 +1010,32 @@ def unsupported(mc: ModelConfig, dtype: torch.dtype) -> str | None:
     return None
 
 
+def shared_gpu() -> str | None:
+    """Why this process may not get every SM at once (None: nothing says so): an MPS client (its thread percentage
+    may cap the SMs; the kernel's spin waits then never finish)."""
+    for var in ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"):
+        if os.environ.get(var):
+            return f"{var} is set (MPS)"
+    return None
+
+
 def use_megakernel(
-    device: torch.device | str, mc: ModelConfig, dtype: torch.dtype, speculative: bool = False
+    device: torch.device | str,
+    mc: ModelConfig,
+    dtype: torch.dtype,
+    speculative: bool = False,
+    max_num_seqs: int = 1,
 ) -> bool:
     """Whether the runner should run this target's batch-1 decode steps as the megakernel (it then keeps the
     projections in nn.Linear's layout, which the kernel reads in place). Never for a speculative target: the kernel
     writes no hidden-state taps for a drafter, and that layout makes the verify GEMMs slower (session 52, H100: the
-    DFlash K=15 step 7.33 -> 8.05 ms)."""
+    DFlash K=15 step 7.33 -> 8.05 ms). ``auto`` also needs ``max_num_seqs`` 1 (every decode step a batch-1 step):
+    the layout slows the engine's steps of 4 and 8 rows by ~8% (session 53, H100) and no MPS client."""
     mode = megakernel_mode()
     on_cuda = torch.device(device).type == "cuda"
-    if mode == "0" or speculative or (mode == "auto" and not (AUTO_ON and on_cuda)):
+    if mode == "0" or speculative:
+        return False
+    if mode == "auto" and not (AUTO_ON and on_cuda and max_num_seqs == 1 and shared_gpu() is None):
         return False
     if not on_cuda and os.environ.get("TRITON_INTERPRET") != "1":
         return False

@@ -198,7 +198,9 @@ class ModelRunner:
         if torch.device(device).type == "cuda" or os.environ.get("SPECSERVE_MEGAKERNEL") == "1":
             from specserve.layers.triton_megakernel import use_megakernel  # imports triton
 
-            self.use_megakernel = use_megakernel(device, model_config, dtype, speculative=spec is not None)
+            self.use_megakernel = use_megakernel(
+                device, model_config, dtype, speculative=spec is not None, max_num_seqs=config.max_num_seqs
+            )
         # decode GEMM layout (layers/linear.py); the drafters follow the target's
         self.weight_layout = (
             "nk" if self.use_megakernel else weight_layout(device, int(model_config.hidden_size))
