@@ -227,6 +227,22 @@ def test_engine_decode_steps_run_the_megakernel(tiny2_qwen3_dir, monkeypatch) ->
         assert (gap == 0).sum() >= len(toks) - 2  # mostly exactly the oracle's pick
 
 
+def test_engine_runs_its_layers_when_the_kernel_cannot_bind(tiny2_qwen3_dir, monkeypatch) -> None:
+    # a cache the kernel cannot address (bind_model's ValueError): the engine logs it and its layers decode
+    from specserve import LLM, SamplingParams
+    from specserve.layers import triton_megakernel as tm
+
+    def refuse(model, **kw):  # type: ignore[no-untyped-def]
+        raise ValueError("layer 0: a KV cache of 2147483648 elements (the kernel's limit: 2**31)")
+
+    monkeypatch.setattr(tm, "bind_model", refuse)
+    monkeypatch.setenv("SPECSERVE_MEGAKERNEL", "1")
+    sp = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    llm = LLM(tiny2_qwen3_dir, dtype="bfloat16", device="cpu", attention_backend="triton", num_gpu_blocks=16)
+    assert llm.engine.runner.use_megakernel and llm.engine.runner.model.megakernel is None
+    assert len(llm.generate(["The capital of France is"], sp)[0].outputs[0].token_ids) == 4
+
+
 def test_megakernel_eligibility(monkeypatch) -> None:
     from specserve.config import ModelConfig
     from specserve.layers.triton_megakernel import megakernel_mode, unsupported, use_megakernel

@@ -370,12 +370,19 @@ class ModelRunner:
         if self.use_megakernel:
             from specserve.layers.triton_megakernel import bind_model
 
-            self.model.megakernel = bind_model(self.model)
-            self.model.megakernel_caches = self.model.kv_caches
-            logger.info(
-                "megakernel: batch-1 decode steps run as one persistent kernel of %d programs",
-                self.model.megakernel.grid,
-            )
+            try:
+                self.model.megakernel = bind_model(self.model)
+            except (
+                ValueError
+            ) as e:  # e.g. a KV cache past the kernel's int32 offsets: the layers' kernels run
+                self.model.megakernel = None
+                logger.warning("megakernel not used: %s", e)
+            else:
+                self.model.megakernel_caches = self.model.kv_caches
+                logger.info(
+                    "megakernel: batch-1 decode steps run as one persistent kernel of %d programs",
+                    self.model.megakernel.grid,
+                )
         spec = self.proposer.kv_cache_spec() if self.proposer else None
         if spec and self.proposer is not None:
             layers, heads, hd = spec
