@@ -49,8 +49,8 @@ def _weights(cfg: MegaConfig, seed: int = 0) -> dict[str, torch.Tensor]:
     return _layers(cfg, seed)[1]
 
 
-@pytest.mark.parametrize("stages,merge,preload", [(1, 0, 1), (3, 2, 0), (3, 0, 1)])
-def test_megakernel_matches_reference_across_chunks(stages: int, merge: int, preload: int) -> None:
+@pytest.mark.parametrize("stages,merge,preload,am", [(1, 0, 1, 0), (3, 2, 0, 0), (3, 0, 1, 0), (3, 4, 1, 1)])
+def test_megakernel_matches_reference_across_chunks(stages: int, merge: int, preload: int, am: int) -> None:
     # vocab 100: the LM head's last unit is partial; chunk 16: positions 0-19 use one and two attention chunks
     cfg = MegaConfig(
         hidden=64,
@@ -67,6 +67,7 @@ def test_megakernel_matches_reference_across_chunks(stages: int, merge: int, pre
         stages=stages,
         merge_splits=merge,
         res_preload=preload,
+        attn_merge=am,  # 1: the second chunk's merge takes two rounds
     )
     w = _weights(cfg)
     # blocks of 4 positions in a shuffled order: an attention chunk (16) gathers rows from four scattered blocks
@@ -144,14 +145,15 @@ from specserve.layers.triton_megakernel import _mega_decode_kernel
 from sm90 import compile_sm90
 
 ptrs = {n: "bf16" for n in ("wlm", "final_norm", "x0")}
-ptrs.update({n: "fp32" for n in ("cos_tab", "sin_tab", "qkv_buf", "att_o", "att_lse", "h_mid", "act", "dpart",
-                                 "out")})
+ptrs.update({n: "fp32" for n in ("cos_tab", "sin_tab", "qkv_buf", "att_o", "att_lse", "att_x", "h_mid", "act",
+                                 "dpart", "out")})
 ptrs.update(table="i64", block_table="i32", pos_ptr="i64", counters="i32", stamps="i64")
 # the Qwen3-8B shape, the benchmark's default unit (4 rows): both GEMV forms, with the L2 prefetches and stamps
-for stages, pf, pfo, opad in [(1, 0, 0, 0), (3, 2, 7, 8), (3, 1, 0, 8)]:
+# (and the attention's own merge, AM)
+for stages, pf, pfo, opad, am in [(1, 0, 0, 0, 0), (3, 2, 7, 8, 0), (3, 1, 0, 8, 8)]:
     const = dict(L=36, H=4096, NH=32, NKV=8, D=128, I=12288, V=151936, CH=128, RB=4, BS=16, HAS_LM=True,
                  PF=pf, UPCAST=False, STAMP=True, STAGES=stages, SP=4 if stages > 1 else 1,
-                 PFO=pfo, OPAD=opad)
+                 PFO=pfo, OPAD=opad, AM=am)
     kernel, reg, stack = compile_sm90(_mega_decode_kernel, ptrs, const, num_warps=8, num_stages=1,
                                       floats=("eps", "scale"))
     smem = kernel.metadata.shared
@@ -160,6 +162,7 @@ for stages, pf, pfo, opad in [(1, 0, 0, 0), (3, 2, 7, 8), (3, 1, 0, 8)]:
     ptx = kernel.asm["ptx"]
     assert "ld.global.gpu.acquire" in ptx and "red.global.gpu.release" in ptx  # the arrival counters
     assert ("cp.async" in ptx) == (stages > 1) and ("prefetch.global.L2" in ptx) == (pf > 0)
+    assert ("atom.global.gpu.acq_rel.add" in ptx) == (am > 0), am  # the KV heads' chunk counters
 print("OK")
 """
 

@@ -61,7 +61,8 @@ from specserve.config import ModelConfig
 
 __all__ = ["MegaConfig", "MegaDecoder", "reference_step"]
 
-# arrival counters per layer (``counters + layer * 5 + k``): k = 0 qkv, 1 attention, 2 o_proj, 3 gate_up, 4 down units
+# arrival counters per layer (``counters + layer * (5 + kv_heads) + k``): k = 0 qkv, 1 attention, 2 o_proj, 3 gate_up,
+# 4 down units; 5 + h: KV head h's attention chunks done (``attn_merge``: the last one merges them)
 NUM_PHASES = 5
 
 
@@ -201,6 +202,34 @@ def _load_kv(k_cache, v_cache, block_table, tpos, kvh, past, d_h, NKV: tl.conste
     return ka, kb, va, vb
 
 
+@triton.jit
+def _merge_group(
+    att_o, att_lse, att_x, kvh, S, NH: tl.constexpr, GQ: tl.constexpr, D: tl.constexpr, AM: tl.constexpr
+):
+    # KV head kvh's GQ query heads: their S chunk partials (att_o [S, NH, D], att_lse [S, NH]) merged by log-sum-exp
+    # into att_x [NH, D], AM chunks a round (every load of a round issued before its math: one L2 round trip)
+    r = tl.arange(0, AM * GQ)
+    g = r % GQ
+    dd = tl.arange(0, D)
+    mx = tl.full([GQ], float("-inf"), tl.float32)
+    den = tl.zeros([GQ], tl.float32)
+    num = tl.zeros([GQ, D], tl.float32)
+    for s0 in range(0, S, AM):
+        sp = s0 + r // GQ
+        row = sp * NH + kvh * GQ + g
+        ok = sp < S
+        lse = tl.reshape(tl.load(att_lse + row, mask=ok, other=float("-inf"), cache_modifier=".cg"), [AM, GQ])
+        o = tl.load(att_o + row[:, None] * D + dd[None, :], mask=ok[:, None], other=0.0, cache_modifier=".cg")
+        mn = tl.maximum(mx, tl.max(lse, axis=0))  # finite: chunk 0 is in the first round
+        a = tl.exp(mx - mn)
+        w = tl.exp(lse - mn[None, :])  # [AM, GQ], 0 past S
+        num = num * a[:, None] + tl.sum(tl.reshape(o, [AM, GQ, D]) * w[:, :, None], axis=0)
+        den = den * a + tl.sum(w, axis=0)
+        mx = mn
+    gq = tl.arange(0, GQ)
+    tl.store(att_x + (kvh * GQ + gq)[:, None] * D + dd[None, :], num / den[:, None])
+
+
 @triton.jit(do_not_specialize=["eps", "scale"])
 def _mega_decode_kernel(
     table,  # int64 [L, 10]: per layer the addresses of qkv [NQKV,H], o [H,H], gate_up [2I,H], down [H,I] (bf16,
@@ -215,6 +244,7 @@ def _mega_decode_kernel(
     qkv_buf,
     att_o,
     att_lse,
+    att_x,  # fp32 [NH, D]: the merged attention output (AM)
     h_mid,
     act,
     dpart,
@@ -241,11 +271,12 @@ def _mega_decode_kernel(
     PFO: tl.constexpr,
     HAS_LM: tl.constexpr,
     OPAD: tl.constexpr,  # > 0: o_proj's residual rows preloaded, for up to this many units a program (a power of 2)
+    AM: tl.constexpr,  # > 0: each KV head's last attention unit merges its chunks, AM a round (o_proj loads one row)
 ):
     pid = tl.program_id(0)
     G = tl.num_programs(0)
     C: tl.constexpr = I // H
-    NCNT: tl.constexpr = 5  # arrival counters a layer: one a phase
+    NCNT: tl.constexpr = 5 + NKV  # arrival counters a layer: one a phase, one a KV head
     GQ: tl.constexpr = NH // NKV
     HD: tl.constexpr = D // 2
     NQKV: tl.constexpr = (NH + 2 * NKV) * D
@@ -384,10 +415,21 @@ def _mega_decode_kernel(
                 heads = kvh * GQ + g16
                 hmask = g16 < GQ
                 # one attention buffer for all layers: layer l + 1's attention starts after layer l's o_proj
-                obase = att_o + (ch * NH + heads)[:, None] * D
+                if AM > 0 and S == 1:  # the only chunk: the merged output
+                    obase = att_x + heads[:, None] * D
+                else:
+                    obase = att_o + (ch * NH + heads)[:, None] * D
                 tl.store(obase + d_h[None, :], oa, mask=hmask[:, None])
                 tl.store(obase + HD + d_h[None, :], ob, mask=hmask[:, None])
                 tl.store(att_lse + ch * NH + heads, m + tl.log(lsum), mask=hmask)
+                if (
+                    AM > 0 and S > 1
+                ):  # the head's last chunk to finish merges all of them (acq_rel: sees theirs)
+                    tl.debug_barrier()
+                    done = tl.atomic_add(counters + layer * NCNT + 5 + kvh, 1, sem="acq_rel", scope="gpu")
+                    tl.debug_barrier()
+                    if done == S - 1:
+                        _merge_group(att_o, att_lse, att_x, kvh, S, NH, GQ, D, AM)
             _stamp(stamps, pid, layer, 7, L, STAMP)
             _signal(counters + layer * NCNT + 1, (NT - pid + G - 1) // G)
         # o_proj's weights into L2 while the attention runs (the DRAM would idle through it); after the qkv signal
@@ -409,7 +451,10 @@ def _mega_decode_kernel(
         _stamp(stamps, pid, layer, 2, L, STAMP)
         hh = tl.arange(0, NH)
         dd = tl.arange(0, D)
-        if S <= SP:  # the splits unrolled: every partial's load issued before the math (one L2 round trip)
+        if AM > 0:  # merged by the attention's last units
+            num = tl.reshape(tl.load(att_x + cols, cache_modifier=".cg"), [NH, D])
+            den = tl.full([NH], 1.0, tl.float32)
+        elif S <= SP:  # the splits unrolled: every partial's load issued before the math (one L2 round trip)
             sp = tl.arange(0, SP)
             lse = tl.load(
                 att_lse + sp[:, None] * NH + hh[None, :],
@@ -602,6 +647,9 @@ class MegaConfig:
     # o_proj's residual rows for all of a program's units loaded before its wait, not one L2 round trip a unit
     # (session 52, H100: o_proj 22.3 -> 19.5 us a layer, 5.834 -> 5.749 ms a step)
     res_preload: int = 1
+    # > 0: each KV head's last attention unit to finish merges its chunks' partials (this many a round, a power of
+    # 2) and o_proj loads the merged row, instead of every o_proj program merging all chunks itself
+    attn_merge: int = 0
 
     @staticmethod
     def from_hf(cfg, **kw) -> MegaConfig:  # type: ignore[no-untyped-def]
@@ -626,6 +674,8 @@ def check_shapes(cfg: MegaConfig) -> None:
         raise ValueError("the megakernel needs heads * head_dim == hidden_size")
     if not all(_pow2(n) for n in (h, cfg.head_dim, cfg.heads, cfg.chunk)) or h < 64:
         raise ValueError("the megakernel needs power-of-2 hidden size (>= 64), head_dim, heads and chunk")
+    if cfg.attn_merge and not _pow2(cfg.attn_merge):
+        raise ValueError("attn_merge: a power of 2 (chunks merged a round) or 0")
     if cfg.heads % cfg.kv_heads or cfg.heads // cfg.kv_heads > 16:
         raise ValueError("at most 16 query heads per KV head")
     if cfg.rows % 2 or (cfg.heads + 2 * cfg.kv_heads) * cfg.head_dim % cfg.rows or h % cfg.rows:
@@ -710,7 +760,8 @@ class MegaKernel:
         self.h_mid = torch.zeros(L, h, **f32)
         self.act = torch.zeros(L, i, **f32)
         self.dpart = torch.zeros(L, i // h, h, **f32)
-        self.counters = torch.zeros(L, NUM_PHASES, dtype=torch.int32, device=device)
+        self.att_x = torch.zeros(cfg.heads, d, **f32)
+        self.counters = torch.zeros(L, NUM_PHASES + cfg.kv_heads, dtype=torch.int32, device=device)
         if device.type == "cuda":
             self.grid = torch.cuda.get_device_properties(device).multi_processor_count
         else:
@@ -737,6 +788,7 @@ class MegaKernel:
             PFO=cfg.o_prefetch if on_cuda else 0,
             HAS_LM=lm_head is not None,
             OPAD=triton.next_power_of_2(-(-(h // cfg.rows) // self.grid)) if cfg.res_preload else 0,
+            AM=cfg.attn_merge,
             num_warps=cfg.warps,
             num_stages=1,
         )
@@ -767,6 +819,7 @@ class MegaKernel:
             self.qkv,
             self.att_o,
             self.att_lse,
+            self.att_x,
             self.h_mid,
             self.act,
             self.dpart,
@@ -951,6 +1004,7 @@ OPT_KEYS = {
     "mg": "merge_splits",
     "po": "o_prefetch",
     "rp": "res_preload",
+    "am": "attn_merge",
 }
 
 
