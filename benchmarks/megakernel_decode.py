@@ -3,10 +3,11 @@ random bf16 weights, batch 1 (issue #6's plain-decode bar, session 51): checks i
 for a few steps, then times greedy decode steps after a prompt and prints ms a step against the weight-read floor
 measured in the same run (step_latency.py's definition), per variant (the keys of SPECSERVE_MEGAKERNEL_OPTS: rb unit
 rows, st pipeline stages, pf L2 prefetch depth, po o_proj's prefetch through the attention, rp o_proj's residual
-preload, ch attention chunk, mg one-load merge, warps), and where a step's time goes by phase (global-timer stamps
+preload, ch attention chunk, am the attention's own chunk merge (N chunks a round; 0 off), mg o_proj's one-load
+merge (with am=0), warps), and where a step's time goes by phase (global-timer stamps
 taken when each phase's wait returned and when each program finished its units). The engine's own step with the
-kernel: SPECSERVE_MEGAKERNEL=1 python benchmarks/step_latency.py --configs plain ... (benchmarks/README.md, session
-52).
+kernel: SPECSERVE_MEGAKERNEL=1 python benchmarks/step_latency.py --configs plain ... (benchmarks/README.md, sessions
+52-53; longer contexts: --prompt 1800, or decode_env_sweep.py --prompt-len).
 
     python benchmarks/megakernel_decode.py [--config-dir DIR] [--variants rb=4,pf=1 rb=4,pf=2,rp=0 ...] --out R.json
 """

@@ -49,7 +49,9 @@ def _weights(cfg: MegaConfig, seed: int = 0) -> dict[str, torch.Tensor]:
     return _layers(cfg, seed)[1]
 
 
-@pytest.mark.parametrize("stages,merge,preload,am", [(1, 0, 1, 0), (3, 2, 0, 0), (3, 0, 1, 0), (3, 4, 1, 1)])
+@pytest.mark.parametrize(
+    "stages,merge,preload,am", [(1, 0, 1, 0), (3, 2, 0, 0), (3, 0, 1, 0), (3, 4, 1, 1), (3, 4, 1, 8)]
+)
 def test_megakernel_matches_reference_across_chunks(stages: int, merge: int, preload: int, am: int) -> None:
     # vocab 100: the LM head's last unit is partial; chunk 16: positions 0-19 use one and two attention chunks
     cfg = MegaConfig(
@@ -67,7 +69,7 @@ def test_megakernel_matches_reference_across_chunks(stages: int, merge: int, pre
         stages=stages,
         merge_splits=merge,
         res_preload=preload,
-        attn_merge=am,  # 1: the second chunk's merge takes two rounds
+        attn_merge=am,  # 1: a merge of two chunks takes two rounds; 8 (the default) one, masked past the second
     )
     w = _weights(cfg)
     # blocks of 4 positions in a shuffled order: an attention chunk (16) gathers rows from four scattered blocks

@@ -1,7 +1,8 @@
 """A persistent one-launch decode step for a Qwen3-shaped target at batch 1 (issue #6, sessions 51-52). The engine
 runs its batch-1 plain decode steps with it under ``SPECSERVE_MEGAKERNEL=1`` (:func:`use_megakernel`,
-:func:`bind_model`; off by default: 1.7% faster than the engine's tuned kernels on the H100, not yet run on an H200,
-and its spin waits need every program resident, which a GPU shared through MPS may not grant).
+:func:`bind_model`; off by default: 1-1.7% faster than the engine's tuned kernels on the H100, not yet run on an H200,
+its nn.Linear layout slows the engine's batched steps, and its spin waits need every program resident, which a GPU
+shared through MPS may not grant).
 
 Why: a one-row decode step of the 8B shape spends ~22 us a layer over its weights' read time on the H200 (session
 49's chain profile): the ramps of the split-K GEMMs and the small kernels between them (attention, merge, norms,
@@ -20,8 +21,9 @@ persistent kernel for the whole step: one program per SM walks a static list of 
 * attention units per (KV head, context chunk of ``CH`` tokens) over the paged KV cache (the request's block
   table): the chunk's K / V (past rows, which no unit of this step writes) are loaded before the wait for qkv; after
   it the unit normalises q / k (Qwen3's q_norm / k_norm), applies RoPE (the engine's tables), stores the new row's
-  K / V and writes a partial output and its log-sum-exp; o_proj's programs merge the chunks once per phase (in a
-  loop, or with ``merge_splits`` in one load);
+  K / V and writes a partial output and its log-sum-exp; the last unit of each KV head to finish (a counter per
+  head) merges that head's chunks into one row that o_proj loads (``attn_merge``; with 0 every o_proj program
+  merges all chunks itself, in a loop or with ``merge_splits`` in one load: slow at long contexts);
 * dependencies as arrival counters (one int32 per layer and phase, zeroed before the launch): a program adds its
   unit count with release semantics after a CTA barrier; a consumer spins with acquire semantics until the phase's
   total arrived, then reads activations through L2 (``.cg``). The position comes from a device tensor: the launch
@@ -39,8 +41,10 @@ Measured (H100 80GB HBM3, benchmarks/megakernel_decode.py, 8B shape, random weig
 sessions 51-52): 5.813 ms a greedy step in the first form (session 51); with the paged cache, o_proj's residual rows
 preloaded, one unit prefetched into L2 a phase and the attention chunks' merge unrolled 5.651 ms = 1.122x the floor
 (session 52); inside the engine's decode graph 5.673-5.680 ms against the engine's default step 5.771-5.772 on the
-same card (-1.7%, both orders). gate_up and down_proj stream at their floor; the attention (~5 us a layer) and the
-phases' hand-overs (~1-2.5 us each) are what remains.
+same card (-1.7%, both orders); session 53, another H100, with the attention's own merge: 5.652 vs 5.708 ms at a
+128-token context, 6.325 vs 6.384 at 1800 (o_proj's merge of every chunk had made it 6.844). gate_up and down_proj
+stream at their floor; the attention (~5-7 us a layer) and the phases' hand-overs (~1-2.5 us each) are what
+remains.
 
 Runs under ``TRITON_INTERPRET=1`` with a grid of one program (which walks every unit in order, so no wait ever
 spins); on the GPU with the SM count.
@@ -633,9 +637,10 @@ class MegaConfig:
     # > 1: the units after each phase's first streamed by Triton's software pipeliner (cp.async), this many deep;
     # 1: a register double buffer (session 51, H100: 3 stages 5.81 ms a step, 4 stages 5.84, 1 stage 7.11)
     stages: int = 3
-    # o_proj merges up to this many attention chunks unrolled, every load issued up front (a power of 2; 0: a loop
-    # over them, one L2 round trip each; longer contexts take the loop). Session 52, H100: o_proj 18.7 -> 14.6 us a
-    # layer at 2-3 chunks, 5.724 -> 5.651 ms a step (a single 3-D load of 4 had been slower, 6.428 vs 5.839)
+    # with ``attn_merge`` 0: o_proj merges up to this many attention chunks unrolled, every load issued up front (a
+    # power of 2; 0: a loop over them, one L2 round trip each; longer contexts take the loop). Session 52, H100:
+    # o_proj 18.7 -> 14.6 us a layer at 2-3 chunks, 5.724 -> 5.651 ms a step (a single 3-D load of 4 had been
+    # slower, 6.428 vs 5.839)
     merge_splits: int = 4
     # units beyond the first that a program prefetches into L2 at each phase's start (session 52, H100, with
     # res_preload: 1 5.667 ms a step, 0 5.748, 2 5.766, 4 6.018)
@@ -648,8 +653,10 @@ class MegaConfig:
     # (session 52, H100: o_proj 22.3 -> 19.5 us a layer, 5.834 -> 5.749 ms a step)
     res_preload: int = 1
     # > 0: each KV head's last attention unit to finish merges its chunks' partials (this many a round, a power of
-    # 2) and o_proj loads the merged row, instead of every o_proj program merging all chunks itself
-    attn_merge: int = 0
+    # 2) and o_proj loads the merged row, instead of every o_proj program merging all chunks itself (0; then
+    # ``merge_splits`` applies). Session 53, H100, in the engine: 1800-token context 6.844 -> 6.325 ms a step (the
+    # engine's own kernels 6.384), 128 tokens 5.650 -> 5.652
+    attn_merge: int = 8
 
     @staticmethod
     def from_hf(cfg, **kw) -> MegaConfig:  # type: ignore[no-untyped-def]
