@@ -426,9 +426,8 @@ def _mega_decode_kernel(
                 tl.store(obase + d_h[None, :], oa, mask=hmask[:, None])
                 tl.store(obase + HD + d_h[None, :], ob, mask=hmask[:, None])
                 tl.store(att_lse + ch * NH + heads, m + tl.log(lsum), mask=hmask)
-                if (
-                    AM > 0 and S > 1
-                ):  # the head's last chunk to finish merges all of them (acq_rel: sees theirs)
+                # the head's last chunk to finish merges all of them (acq_rel: it sees the others' partials)
+                if AM > 0 and S > 1:
                     tl.debug_barrier()
                     done = tl.atomic_add(counters + layer * NCNT + 5 + kvh, 1, sem="acq_rel", scope="gpu")
                     tl.debug_barrier()

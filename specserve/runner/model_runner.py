@@ -372,9 +372,7 @@ class ModelRunner:
 
             try:
                 self.model.megakernel = bind_model(self.model)
-            except (
-                ValueError
-            ) as e:  # e.g. a KV cache past the kernel's int32 offsets: the layers' kernels run
+            except ValueError as e:  # e.g. a KV cache past the kernel's int32 offsets: the layers decode
                 self.model.megakernel = None
                 logger.warning("megakernel not used: %s", e)
             else:
