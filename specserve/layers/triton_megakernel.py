@@ -138,6 +138,35 @@ def _load_unit(rowp, u, rows, cols, RB: tl.constexpr, N):
 
 
 @triton.jit
+def _gemv_phase(base, w, x, out, pid, G, n_units, rows, cols, H: tl.constexpr, I: tl.constexpr, RB: tl.constexpr,
+                N: tl.constexpr, STAGES: tl.constexpr):  # fmt: skip
+    # out[:N] = W @ x over a plain [N, H] weight (qkv, the LM head): this program's units pid, pid + G, ..., its
+    # first (``w``) loaded ahead; the rest streamed by the software pipeliner (STAGES > 1) or a register double
+    # buffer. Rows are masked only where N is not a multiple of RB (a partial last unit)
+    EXACT: tl.constexpr = N % RB == 0
+    if STAGES > 1:
+        if n_units > 0:
+            acc = tl.sum(w.to(tl.float32) * x[None, :], axis=1)
+            tl.store(out + pid * RB + rows, acc, mask=EXACT or pid * RB + rows < N)
+        for i in tl.range(1, n_units, num_stages=STAGES):
+            u = pid + i * G
+            if EXACT:
+                wi = tl.load(_unit_rows(base, u, rows, H, I, RB, 0)[:, None] + cols[None, :])
+            else:
+                wi = _load_unit(_unit_rows(base, u, rows, H, I, RB, 0), u, rows, cols, RB, N)
+            acc = tl.sum(wi.to(tl.float32) * x[None, :], axis=1)
+            tl.store(out + u * RB + rows, acc, mask=EXACT or u * RB + rows < N)
+    else:
+        for i in range(n_units):
+            u = pid + i * G
+            un = u + G
+            wn = _load_unit(_unit_rows(base, un, rows, H, I, RB, 0), un, rows, cols, RB, N)
+            acc = tl.sum(w.to(tl.float32) * x[None, :], axis=1)
+            tl.store(out + u * RB + rows, acc, mask=EXACT or u * RB + rows < N)
+            w = wn
+
+
+@triton.jit
 def _l2_prefetch(rowp, cols64):
     # one prefetch per 128-byte line of a unit's rows (64 bf16 a line)
     lines = rowp[:, None] + cols64[None, :] * 64
@@ -207,11 +236,11 @@ def _load_kv(k_cache, v_cache, block_table, tpos, kvh, past, d_h, NKV: tl.conste
 
 
 @triton.jit
-def _merge_group(
-    att_o, att_lse, att_x, kvh, S, NH: tl.constexpr, GQ: tl.constexpr, D: tl.constexpr, AM: tl.constexpr
+def _merge_heads(
+    att_o, att_lse, kvh, S, NH: tl.constexpr, GQ: tl.constexpr, D: tl.constexpr, AM: tl.constexpr
 ):
-    # KV head kvh's GQ query heads: their S chunk partials (att_o [S, NH, D], att_lse [S, NH]) merged by log-sum-exp
-    # into att_x [NH, D], AM chunks a round (every load of a round issued before its math: one L2 round trip)
+    # query heads kvh * GQ .. + GQ: their S chunk partials (att_o [S, NH, D], att_lse [S, NH]) merged by log-sum-exp,
+    # [GQ, D]; AM chunks a round (every load of a round issued before its math: one L2 round trip)
     r = tl.arange(0, AM * GQ)
     g = r % GQ
     dd = tl.arange(0, D)
@@ -230,8 +259,7 @@ def _merge_group(
         num = num * a[:, None] + tl.sum(tl.reshape(o, [AM, GQ, D]) * w[:, :, None], axis=0)
         den = den * a + tl.sum(w, axis=0)
         mx = mn
-    gq = tl.arange(0, GQ)
-    tl.store(att_x + (kvh * GQ + gq)[:, None] * D + dd[None, :], num / den[:, None])
+    return num / den[:, None]
 
 
 @triton.jit(do_not_specialize=["eps", "scale"])
@@ -317,23 +345,7 @@ def _mega_decode_kernel(
         r = _residual(h_mid, dpart, x0, layer, cols, H, C, cols < H)
         inv = 1.0 / tl.sqrt(tl.sum(r * r, axis=0) / H + eps)
         x = r * inv * tl.load(_ptr(table, layer, 4) + cols).to(tl.float32)
-        if STAGES > 1:
-            if n_units > 0:
-                acc = tl.sum(w.to(tl.float32) * x[None, :], axis=1)
-                tl.store(qkv_buf + layer * NQKV + pid * RB + rows, acc)
-            for i in tl.range(1, n_units, num_stages=STAGES):
-                u = pid + i * G
-                wi = tl.load(_unit_rows(p_qkv, u, rows, H, I, RB, 0)[:, None] + cols[None, :])
-                acc = tl.sum(wi.to(tl.float32) * x[None, :], axis=1)
-                tl.store(qkv_buf + layer * NQKV + u * RB + rows, acc)
-        else:
-            for i in range(n_units):
-                u = pid + i * G
-                un = u + G
-                wn = _load_unit(_unit_rows(p_qkv, un, rows, H, I, RB, 0), un, rows, cols, RB, NQKV)
-                acc = tl.sum(w.to(tl.float32) * x[None, :], axis=1)
-                tl.store(qkv_buf + layer * NQKV + u * RB + rows, acc)
-                w = wn
+        _gemv_phase(p_qkv, w, x, qkv_buf + layer * NQKV, pid, G, n_units, rows, cols, H, I, RB, NQKV, STAGES)
         _stamp(stamps, pid, layer, 6, L, STAMP)
         # ---------------- attention units: (kv head, chunk) ----------------
         d_h = tl.arange(0, HD)
@@ -432,7 +444,11 @@ def _mega_decode_kernel(
                     done = tl.atomic_add(counters + layer * NCNT + 5 + kvh, 1, sem="acq_rel", scope="gpu")
                     tl.debug_barrier()
                     if done == S - 1:
-                        _merge_group(att_o, att_lse, att_x, kvh, S, NH, GQ, D, AM)
+                        gq = tl.arange(0, GQ)
+                        tl.store(
+                            att_x + (kvh * GQ + gq)[:, None] * D + tl.arange(0, D)[None, :],
+                            _merge_heads(att_o, att_lse, kvh, S, NH, GQ, D, AM),
+                        )
             _stamp(stamps, pid, layer, 7, L, STAMP)
             _signal(counters + layer * NCNT + 1, (NT - pid + G - 1) // G)
         # o_proj's weights into L2 while the attention runs (the DRAM would idle through it); after the qkv signal
@@ -455,8 +471,7 @@ def _mega_decode_kernel(
         hh = tl.arange(0, NH)
         dd = tl.arange(0, D)
         if AM > 0:  # merged by the attention's last units
-            num = tl.reshape(tl.load(att_x + cols, cache_modifier=".cg"), [NH, D])
-            den = tl.full([NH], 1.0, tl.float32)
+            x = tl.load(att_x + cols, cache_modifier=".cg")
         elif S <= SP:  # the splits unrolled: every partial's load issued before the math (one L2 round trip)
             sp = tl.arange(0, SP)
             lse = tl.load(
@@ -478,20 +493,9 @@ def _mega_decode_kernel(
                 )
                 wj = tl.sum(tl.where(sp[:, None] == j, wgt, 0.0), axis=0)
                 num += oj * wj[:, None]
-        else:
-            mx = tl.full([NH], float("-inf"), tl.float32)
-            den = tl.zeros([NH], tl.float32)
-            num = tl.zeros([NH, D], tl.float32)
-            for sidx in range(S):
-                lse = tl.load(att_lse + sidx * NH + hh, cache_modifier=".cg")
-                o = tl.load(att_o + (sidx * NH + hh)[:, None] * D + dd[None, :], cache_modifier=".cg")
-                mn = tl.maximum(mx, lse)
-                a = tl.exp(mx - mn)
-                b = tl.exp(lse - mn)
-                num = num * a[:, None] + o * b[:, None]
-                den = den * a + b
-                mx = mn
-        x = tl.reshape(num / den[:, None], [H])
+            x = tl.reshape(num / den[:, None], [H])
+        else:  # one chunk a round, every head
+            x = tl.reshape(_merge_heads(att_o, att_lse, 0, S, NH, NH, D, 1), [H])
         if STAGES > 1:
             if n_units > 0:
                 acc = tl.sum(w.to(tl.float32) * x[None, :], axis=1)
@@ -595,24 +599,7 @@ def _mega_decode_kernel(
     inv = 1.0 / tl.sqrt(tl.sum(r * r, axis=0) / H + eps)
     x = r * inv * tl.load(final_norm + cols).to(tl.float32)
     if HAS_LM:
-        n_units = (U_LM - pid + G - 1) // G
-        if STAGES > 1:
-            if n_units > 0:
-                acc = tl.sum(w.to(tl.float32) * x[None, :], axis=1)
-                tl.store(out + pid * RB + rows, acc, mask=pid * RB + rows < V)
-            for i in tl.range(1, n_units, num_stages=STAGES):
-                u = pid + i * G
-                wi = _load_unit(_unit_rows(wlm, u, rows, H, I, RB, 0), u, rows, cols, RB, V)
-                acc = tl.sum(wi.to(tl.float32) * x[None, :], axis=1)
-                tl.store(out + u * RB + rows, acc, mask=u * RB + rows < V)
-        else:
-            for i in range(n_units):
-                u = pid + i * G
-                un = u + G
-                wn = _load_unit(_unit_rows(wlm, un, rows, H, I, RB, 0), un, rows, cols, RB, V)
-                acc = tl.sum(w.to(tl.float32) * x[None, :], axis=1)
-                tl.store(out + u * RB + rows, acc, mask=u * RB + rows < V)
-                w = wn
+        _gemv_phase(wlm, w, x, out, pid, G, (U_LM - pid + G - 1) // G, rows, cols, H, I, RB, V, STAGES)
     elif pid == 0:
         tl.store(out + cols, x.to(out.dtype.element_ty))
     _stamp(stamps, pid, L, 5, L, STAMP)
