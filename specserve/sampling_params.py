@@ -2,9 +2,25 @@
 
 from __future__ import annotations
 
+import math
+import os
 from dataclasses import dataclass, field
 
 _GREEDY_EPS = 1e-5
+
+
+def max_n_sequences() -> int:
+    """The largest ``n`` a request may ask for: vLLM's ``VLLM_MAX_N_SEQUENCES`` (its default 16384), also read as
+    ``SPECSERVE_MAX_N_SEQUENCES``; lower it on a public server, where one request's ``n`` queues that many
+    sequences ahead of everyone else's."""
+    for name in ("SPECSERVE_MAX_N_SEQUENCES", "VLLM_MAX_N_SEQUENCES"):
+        v = os.environ.get(name)
+        if v:
+            try:
+                return max(1, int(v))
+            except ValueError:
+                raise ValueError(f"{name} must be an integer, got {v!r}.") from None
+    return 16384
 
 
 @dataclass
@@ -93,6 +109,13 @@ class SamplingParams:
 
         if not isinstance(self.n, int) or self.n < 1:
             raise bad("n", f"must be at least 1, got {self.n}.")
+        if self.n > (cap := max_n_sequences()):
+            raise bad("n", f"must be at most {cap} (VLLM_MAX_N_SEQUENCES), got {self.n}.")
+        # NaN passes every comparison below unnoticed (JSON bodies may carry NaN / Infinity): refuse it first
+        for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty"):
+            v = getattr(self, name)
+            if isinstance(v, float) and not math.isfinite(v):
+                raise bad(name, f"must be a finite number, got {v}.")
         if self.temperature is None or self.temperature < 0.0:
             raise bad("temperature", f"must be non-negative, got {self.temperature}.")
         if not 0.0 < self.top_p <= 1.0:
@@ -135,7 +158,13 @@ class SamplingParams:
             raise bad("repetition_penalty", f"must be greater than zero, got {self.repetition_penalty}.")
         if self.logit_bias is not None:
             for t, b in self.logit_bias.items():
-                if not isinstance(t, int) or isinstance(t, bool) or t < 0 or not isinstance(b, (int, float)):
+                if (
+                    not isinstance(t, int)
+                    or isinstance(t, bool)
+                    or t < 0
+                    or not isinstance(b, (int, float))
+                    or not math.isfinite(b)
+                ):
                     raise bad("logit_bias", f"must map token ids to numbers, got {t!r}: {b!r}.")
         if self.allowed_token_ids is not None:
             ids = self.allowed_token_ids

@@ -331,3 +331,30 @@ def test_top_k_and_top_p_keep_runs_of_ties_whole():
     assert kept(0, 0.3) == [1]  # 0.4 alone reaches 0.3
     assert kept(0, 0.95) == [0, 1, 2, 3, 4]
     assert kept(0, 0.05) == [1]  # below the top value's own mass: the top value stays
+
+
+def test_n_ceiling_follows_vllm_max_n_sequences(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SPECSERVE_MAX_N_SEQUENCES", raising=False)
+    monkeypatch.delenv("VLLM_MAX_N_SEQUENCES", raising=False)
+    SamplingParams(n=16384)  # vLLM's default ceiling
+    with pytest.raises(ValueError, match=r"^n must be at most 16384"):
+        SamplingParams(n=16385)
+    monkeypatch.setenv("VLLM_MAX_N_SEQUENCES", "4")
+    SamplingParams(n=4)
+    with pytest.raises(ValueError, match=r"^n must be at most 4"):
+        SamplingParams(n=5)
+    monkeypatch.setenv("SPECSERVE_MAX_N_SEQUENCES", "2")  # ours wins over vLLM's name
+    with pytest.raises(ValueError, match=r"^n must be at most 2"):
+        SamplingParams(n=3)
+    monkeypatch.setenv("SPECSERVE_MAX_N_SEQUENCES", "many")
+    with pytest.raises(ValueError, match="SPECSERVE_MAX_N_SEQUENCES must be an integer"):
+        SamplingParams(n=1)
+
+
+@pytest.mark.parametrize("field", ["temperature", "top_p", "min_p", "presence_penalty", "repetition_penalty"])
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf])
+def test_non_finite_floats_refused(field: str, value: float) -> None:
+    with pytest.raises(ValueError, match=rf"^{field} must"):
+        SamplingParams(**{field: value})
+    with pytest.raises(ValueError, match=r"^logit_bias must"):
+        SamplingParams(logit_bias={3: value})

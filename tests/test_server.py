@@ -550,13 +550,20 @@ def test_error_schema(server: str, client: openai.OpenAI, body: dict[str, Any], 
         ({"n": 0}, "n"),
         ({"logprobs": 50}, "logprobs"),
         ({"min_tokens": 9, "max_tokens": 3}, "min_tokens"),
+        # JSON bodies may carry NaN / Infinity (json.dumps writes them): refused, not sampled with
+        ({"temperature": float("nan")}, "temperature"),
+        ({"repetition_penalty": float("inf")}, "repetition_penalty"),
+        ({"logit_bias": {"5": float("nan")}}, "logit_bias"),
+        ({"n": 100_000}, "n"),  # above VLLM_MAX_N_SEQUENCES (16384): would queue 100k sequences
     ],
 )
 def test_error_bad_sampling_values(
     server: str, client: openai.OpenAI, extra: dict[str, Any], param: str
 ) -> None:
     body = {"model": MODEL, "prompt": "x", "max_tokens": 4, **extra}
-    assert_error(httpx.post(f"{server}/v1/completions", json=body), 400, "BadRequestError", param)
+    raw = json.dumps(body)  # json.dumps writes NaN / Infinity (httpx's json= refuses them)
+    r = httpx.post(f"{server}/v1/completions", content=raw, headers={"Content-Type": "application/json"})
+    assert_error(r, 400, "BadRequestError", param)
     assert_serving(client)
 
 

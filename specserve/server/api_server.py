@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import secrets
 import sys
@@ -109,6 +110,13 @@ _SAMPLING_FIELDS = {
     "max_tokens",
     "min_tokens",
     "logprobs",
+    "prompt_logprobs",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "logit_bias",
+    "allowed_token_ids",
+    "bad_words",
 }
 
 
@@ -394,6 +402,8 @@ class OpenAIServing:
         if req.logit_bias:
             try:  # as vLLM: token ids as strings, biases clamped to [-100, 100]
                 logit_bias = {int(t): min(100.0, max(-100.0, float(b))) for t, b in req.logit_bias.items()}
+                if not all(math.isfinite(float(b)) for b in req.logit_bias.values()):
+                    raise ValueError
             except (TypeError, ValueError):
                 raise APIError(400, "logit_bias must map token ids to numbers.", "logit_bias") from None
         if req.prompt_logprobs is not None and req.stream:
