@@ -112,7 +112,14 @@ class SamplingParams:
         if self.n > (cap := max_n_sequences()):
             raise bad("n", f"must be at most {cap} (VLLM_MAX_N_SEQUENCES), got {self.n}.")
         # NaN passes every comparison below unnoticed (JSON bodies may carry NaN / Infinity): refuse it first
-        for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty"):
+        for name in (
+            "temperature",
+            "top_p",
+            "min_p",
+            "presence_penalty",
+            "frequency_penalty",
+            "repetition_penalty",
+        ):
             v = getattr(self, name)
             if isinstance(v, float) and not math.isfinite(v):
                 raise bad(name, f"must be a finite number, got {v}.")
