@@ -1,4 +1,4 @@
-"""``specserve`` command line: generate | serve | bench serve | train | eval-acceptance."""
+"""``specserve`` command line: generate | serve | bench serve|latency|throughput | train | eval-acceptance."""
 
 from __future__ import annotations
 
@@ -131,6 +131,8 @@ commands:
   generate          generate completions offline (specserve generate --prompt TEXT)
   serve [MODEL]     OpenAI-compatible server (drop-in for `vllm serve`)
   bench serve       benchmark a running server (drop-in for `vllm bench serve`)
+  bench latency     latency of one batch, in-process (drop-in for `vllm bench latency`)
+  bench throughput  offline throughput, in-process (drop-in for `vllm bench throughput`)
   train dflash|eagle3   train a drafter for a target model
   eval-acceptance   measure acceptance length and speedup of a drafter on datasets
 """
@@ -171,11 +173,17 @@ def main(argv: list[str] | None = None) -> int:
 
         return serve_main(rest)
     if cmd == "bench":
-        if not rest or rest[0] != "serve":
-            return _die("usage: specserve bench serve [options]")
-        from specserve.bench.serve import bench_main
+        sub = rest[0] if rest else None
+        if sub == "serve":
+            from specserve.bench.serve import bench_main
 
-        return bench_main(rest[1:])
+            return bench_main(rest[1:])
+        if sub in ("latency", "throughput"):
+            _quiet_libraries()
+            from specserve.bench.offline import latency_main, throughput_main
+
+            return (latency_main if sub == "latency" else throughput_main)(rest[1:])
+        return _die("usage: specserve bench serve|latency|throughput [options]")
     if cmd == "train":
         from specserve.train.cli import main as train_main
 

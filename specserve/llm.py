@@ -70,6 +70,14 @@ class LLM:
         )
         self.engine = LLMEngine(self.config)
 
+    @classmethod
+    def from_engine_config(cls, config: EngineConfig) -> LLM:
+        """An LLM over an ``EngineConfig`` built elsewhere (the CLI's engine flags)."""
+        self = cls.__new__(cls)
+        self.config = config
+        self.engine = LLMEngine(config)
+        return self
+
     def get_tokenizer(self):  # type: ignore[no-untyped-def]
         return self.engine.tokenizer
 

@@ -690,6 +690,43 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
+def add_dataset_args(p: argparse.ArgumentParser, default_name: str | None = "random") -> None:
+    """vLLM's dataset flags (``bench serve``, ``bench throughput``); :func:`get_samples` reads them."""
+    d = p.add_argument_group("dataset")
+    d.add_argument("--dataset-name", default=default_name, choices=DATASET_NAMES)
+    d.add_argument("--dataset-path", default=None)
+    d.add_argument("--num-prompts", type=int, default=1000)
+    d.add_argument("--no-oversample", action="store_true")
+    d.add_argument("--disable-shuffle", action="store_true")
+    d.add_argument("--skip-chat-template", action="store_true")
+    d.add_argument("--input-len", type=int, default=None, help="Generic input length (random dataset).")
+    d.add_argument("--output-len", type=int, default=None, help="Generic output length (all datasets).")
+    d.add_argument("--random-input-len", type=int, default=1024)
+    d.add_argument("--random-output-len", type=int, default=128)
+    d.add_argument("--random-range-ratio", type=float, default=0.0)
+    d.add_argument("--random-prefix-len", type=int, default=0)
+    d.add_argument("--sharegpt-output-len", type=int, default=None)
+    d.add_argument("--custom-output-len", type=int, default=256)
+    d.add_argument("--hf-name", default=None)
+    d.add_argument("--hf-split", default=None)
+    d.add_argument("--hf-subset", default=None)
+    d.add_argument("--hf-output-len", type=int, default=None)
+    d.add_argument("--spec-bench-output-len", type=int, default=256)
+    d.add_argument("--spec-bench-category", default=None)
+
+
+def resolve_dataset_lens(args: argparse.Namespace) -> None:
+    """``--input-len`` / ``--output-len`` override every dataset's own length flags."""
+    if args.output_len is not None:
+        args.random_output_len = args.output_len
+        args.hf_output_len = args.output_len
+        args.custom_output_len = args.output_len
+        args.sharegpt_output_len = args.output_len
+        args.spec_bench_output_len = args.output_len
+    if args.input_len is not None:
+        args.random_input_len = args.input_len
+
+
 def make_arg_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="specserve bench serve", description="Benchmark the online serving throughput.")
     t = p.add_argument_group("target")
@@ -712,27 +749,7 @@ def make_arg_parser() -> argparse.ArgumentParser:
     t.add_argument("--ready-check-timeout-sec", type=float, default=600)
     t.add_argument("--request-id-prefix", default=f"bench-{uuid.uuid4().hex[:8]}-")
 
-    d = p.add_argument_group("dataset")
-    d.add_argument("--dataset-name", default="random", choices=DATASET_NAMES)
-    d.add_argument("--dataset-path", default=None)
-    d.add_argument("--num-prompts", type=int, default=1000)
-    d.add_argument("--no-oversample", action="store_true")
-    d.add_argument("--disable-shuffle", action="store_true")
-    d.add_argument("--skip-chat-template", action="store_true")
-    d.add_argument("--input-len", type=int, default=None, help="Generic input length (random dataset).")
-    d.add_argument("--output-len", type=int, default=None, help="Generic output length (all datasets).")
-    d.add_argument("--random-input-len", type=int, default=1024)
-    d.add_argument("--random-output-len", type=int, default=128)
-    d.add_argument("--random-range-ratio", type=float, default=0.0)
-    d.add_argument("--random-prefix-len", type=int, default=0)
-    d.add_argument("--sharegpt-output-len", type=int, default=None)
-    d.add_argument("--custom-output-len", type=int, default=256)
-    d.add_argument("--hf-name", default=None)
-    d.add_argument("--hf-split", default=None)
-    d.add_argument("--hf-subset", default=None)
-    d.add_argument("--hf-output-len", type=int, default=None)
-    d.add_argument("--spec-bench-output-len", type=int, default=256)
-    d.add_argument("--spec-bench-category", default=None)
+    add_dataset_args(p)
 
     load = p.add_argument_group("load")
     load.add_argument("--request-rate", type=float, default=float("inf"))
@@ -839,14 +856,7 @@ def _run(args: argparse.Namespace) -> int:
         auth_headers["Authorization"] = f"Bearer {os.environ['OPENAI_API_KEY']}"
     if args.num_prompts < 1:
         raise ValueError("--num-prompts must be at least 1")
-    if args.output_len is not None:
-        args.random_output_len = args.output_len
-        args.hf_output_len = args.output_len
-        args.custom_output_len = args.output_len
-        args.sharegpt_output_len = args.output_len
-        args.spec_bench_output_len = args.output_len
-    if args.input_len is not None:
-        args.random_input_len = args.input_len
+    resolve_dataset_lens(args)
     percentile_metrics = [m.strip() for m in args.percentile_metrics.split(",") if m.strip()]
     for m in percentile_metrics:
         if m not in ("ttft", "tpot", "itl", "e2el"):

@@ -221,6 +221,13 @@ def make_arg_parser() -> OneLineArgumentParser:
     g.add_argument("--enable-log-requests", action="store_true", help=argparse.SUPPRESS)  # vLLM compat, no-op
     g.add_argument("--disable-frontend-multiprocessing", action="store_true", help=argparse.SUPPRESS)  # no-op
 
+    add_engine_args(p)
+    add_speculative_args(p)
+    return p
+
+
+def add_engine_args(p: argparse.ArgumentParser) -> None:
+    """vLLM's engine flags (``serve``, ``bench latency``, ``bench throughput``)."""
     e = p.add_argument_group("engine")
     e.add_argument("--tokenizer", default=None, help="Tokenizer path/id (default: the model's).")
     e.add_argument(
@@ -319,6 +326,8 @@ def make_arg_parser() -> OneLineArgumentParser:
     e.add_argument("--max-seq-len-to-capture", type=int, default=None, help=argparse.SUPPRESS)
     e.add_argument("--disable-custom-all-reduce", action="store_true", help=argparse.SUPPRESS)
 
+
+def add_speculative_args(p: argparse.ArgumentParser) -> None:
     s = p.add_argument_group("speculative decoding")
     s.add_argument(
         "--speculative-config",
@@ -333,7 +342,6 @@ def make_arg_parser() -> OneLineArgumentParser:
         action="store_true",
         help="Turn speculative decoding off (also the demo model's default drafter).",
     )
-    return p
 
 
 def _coerce_json_scalar(value: str) -> Any:
@@ -381,16 +389,33 @@ def parse_serve_args(argv: list[str]) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if dotted:
         args.speculative_config = {**(args.speculative_config or {}), **dotted}
+    if args.model_flag is not None:
+        if args.model_tag is not None and args.model_tag != args.model_flag:
+            parser.error(f"two models given: {args.model_tag!r} (positional) and --model {args.model_flag!r}")
+        args.model_tag = args.model_flag
+    check_engine_args(parser, args)
+    if args.max_logprobs < -1:
+        parser.error(f"argument --max-logprobs: must be -1 (no cap) or at least 0, got {args.max_logprobs}")
+    if args.ssl_keyfile is not None and args.ssl_certfile is None:
+        parser.error("--ssl-keyfile needs --ssl-certfile")
+    for flag, path in (("--ssl-keyfile", args.ssl_keyfile), ("--ssl-certfile", args.ssl_certfile)):
+        if path is not None and not os.path.isfile(path):
+            parser.error(f"argument {flag}: no such file {path!r}")
+    if not 0 < args.port < 65536:
+        parser.error(f"argument --port: must be in 1..65535, got {args.port}")
+    if args.api_key is None:
+        args.api_key = os.environ.get("VLLM_API_KEY") or os.environ.get("SPECSERVE_API_KEY") or None
+    return args
+
+
+def check_engine_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """The engine flags' checks that need no model (``parser.error``: one line, exit 2)."""
     if args.max_model_seqs is not None:
         logger.warning(
             "--max-model-seqs is not a vLLM flag; treating it as --max-num-seqs=%d.", args.max_model_seqs
         )
         if args.max_num_seqs is None:
             args.max_num_seqs = args.max_model_seqs
-    if args.model_flag is not None:
-        if args.model_tag is not None and args.model_tag != args.model_flag:
-            parser.error(f"two models given: {args.model_tag!r} (positional) and --model {args.model_flag!r}")
-        args.model_tag = args.model_flag
     for flag, size in (
         ("--tensor-parallel-size", args.tensor_parallel_size),
         ("--pipeline-parallel-size", args.pipeline_parallel_size),
@@ -408,28 +433,16 @@ def parse_serve_args(argv: list[str]) -> argparse.Namespace:
         )
     if args.enable_chunked_prefill is False:
         logger.warning("--no-enable-chunked-prefill has no effect: specserve always chunks prefill.")
-    if args.max_logprobs < -1:
-        parser.error(f"argument --max-logprobs: must be -1 (no cap) or at least 0, got {args.max_logprobs}")
-    if args.ssl_keyfile is not None and args.ssl_certfile is None:
-        parser.error("--ssl-keyfile needs --ssl-certfile")
-    for flag, path in (("--ssl-keyfile", args.ssl_keyfile), ("--ssl-certfile", args.ssl_certfile)):
-        if path is not None and not os.path.isfile(path):
-            parser.error(f"argument {flag}: no such file {path!r}")
     if args.speculative_config is not None:
         try:
             SpeculativeConfig.from_any(args.speculative_config)
         except ValueError as e:
             parser.error(f"argument --speculative-config/-sc: {e}")
-    if not 0 < args.port < 65536:
-        parser.error(f"argument --port: must be in 1..65535, got {args.port}")
-    if args.api_key is None:
-        args.api_key = os.environ.get("VLLM_API_KEY") or os.environ.get("SPECSERVE_API_KEY") or None
-    return args
 
 
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
     """Build the ``EngineConfig``; raises ValueError (with the field named) on impossible values."""
-    if args.enable_auto_tool_choice and args.tool_call_parser is None:
+    if getattr(args, "enable_auto_tool_choice", False) and args.tool_call_parser is None:
         raise ValueError(
             "--enable-auto-tool-choice needs --tool-call-parser (one of: " + ", ".join(TOOL_PARSERS) + ")"
         )
@@ -446,7 +459,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         "trust_remote_code": args.trust_remote_code,
         "generation_config": args.generation_config,
         "disable_log_stats": args.disable_log_stats,
-        "max_logprobs": args.max_logprobs,
+        "max_logprobs": getattr(args, "max_logprobs", 20),
     }
     optional = {
         "max_num_seqs": args.max_num_seqs,
