@@ -1,4 +1,5 @@
-"""``specserve`` command line: generate | serve | bench serve|latency|throughput | train | eval-acceptance."""
+"""``specserve`` command line: generate | serve | chat | complete | bench serve|latency|throughput | train |
+eval-acceptance."""
 
 from __future__ import annotations
 
@@ -130,6 +131,8 @@ USAGE = """usage: specserve <command> [options]
 commands:
   generate          generate completions offline (specserve generate --prompt TEXT)
   serve [MODEL]     OpenAI-compatible server (drop-in for `vllm serve`)
+  chat              chat with a running server (as `vllm chat`; -q MESSAGE for one turn)
+  complete          complete prompts on a running server (as `vllm complete`)
   bench serve       benchmark a running server (drop-in for `vllm bench serve`)
   bench latency     latency of one batch, in-process (drop-in for `vllm bench latency`)
   bench throughput  offline throughput, in-process (drop-in for `vllm bench throughput`)
@@ -184,6 +187,10 @@ def main(argv: list[str] | None = None) -> int:
 
             return (latency_main if sub == "latency" else throughput_main)(rest[1:])
         return _die("usage: specserve bench serve|latency|throughput [options]")
+    if cmd in ("chat", "complete"):
+        from specserve.client_cli import main as client_main
+
+        return client_main(cmd, rest)
     if cmd == "train":
         from specserve.train.cli import main as train_main
 
