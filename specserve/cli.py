@@ -1,4 +1,4 @@
-"""``specserve`` command line: generate | serve | chat | complete | bench serve|latency|throughput | train |
+"""``specserve`` command line: generate | serve | run-batch | chat | complete | bench serve|latency|throughput | train |
 eval-acceptance."""
 
 from __future__ import annotations
@@ -131,6 +131,7 @@ USAGE = """usage: specserve <command> [options]
 commands:
   generate          generate completions offline (specserve generate --prompt TEXT)
   serve [MODEL]     OpenAI-compatible server (drop-in for `vllm serve`)
+  run-batch         run an OpenAI batch file offline (as `vllm run-batch -i IN.jsonl -o OUT.jsonl`)
   chat              chat with a running server (as `vllm chat`; -q MESSAGE for one turn)
   complete          complete prompts on a running server (as `vllm complete`)
   bench serve       benchmark a running server (drop-in for `vllm bench serve`)
@@ -187,6 +188,11 @@ def main(argv: list[str] | None = None) -> int:
 
             return (latency_main if sub == "latency" else throughput_main)(rest[1:])
         return _die("usage: specserve bench serve|latency|throughput [options]")
+    if cmd == "run-batch":
+        _quiet_libraries()
+        from specserve.run_batch import main as run_batch_main
+
+        return run_batch_main(rest)
     if cmd in ("chat", "complete"):
         from specserve.client_cli import main as client_main
 
