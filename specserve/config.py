@@ -141,6 +141,18 @@ class SpeculativeConfig:
         d = dict(d)
         method = d.get("method")
         model = d.get("model")
+        spec_raw = None
+        if isinstance(model, str):
+            from specserve.loading import speculators
+
+            spec_raw = speculators.read_config(model)
+        if spec_raw is not None:  # a speculators checkpoint names its method and K (as vLLM reads them)
+            from specserve.loading import speculators
+
+            if method is None:
+                method = speculators.method_of(spec_raw)
+            if d.get("num_speculative_tokens") is None:
+                d["num_speculative_tokens"] = speculators.num_speculative_tokens(spec_raw)
         if method is None:
             method = infer_method(model)
         if method == "[ngram]":

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from specserve.config import EngineConfig, ModelConfig
+from specserve.config import EngineConfig, ModelConfig, SpeculativeConfig
 from specserve.engine.block_manager import BlockManager
 from specserve.engine.request import Request, RequestStatus
 from specserve.engine.scheduler import ScheduledRequest, Scheduler, SchedulerOutput
@@ -111,11 +111,43 @@ class _Parent:
     children: list[Request]
 
 
+def _serve_speculator(config: EngineConfig, path: str, raw: dict[str, Any]) -> Any:
+    """``config.model`` is a speculators-format head: load the verifier it names as the target and (unless a
+    speculative config was given) draft with the head, K from its config; returns the verifier's checkpoint."""
+    from specserve.loading import config_only_checkpoint, resolve_checkpoint, speculators
+
+    verifier = speculators.verifier_of(raw)
+    if verifier is None:
+        raise ValueError(
+            f"'{config.model}' is a speculators drafter that names no verifier (speculators_config.verifier."
+            "name_or_path); serve the target model and pass the drafter in --speculative-config."
+        )
+    if config.speculative_config is None:
+        k = speculators.num_speculative_tokens(raw)
+        if k is None:
+            raise ValueError(
+                f"'{config.model}' gives no speculative_tokens; pass --speculative-config with num_speculative_tokens."
+            )
+        config.speculative_config = SpeculativeConfig.from_dict(
+            {"method": speculators.method_of(raw), "model": path, "num_speculative_tokens": k}
+        )
+    logger.info(
+        "%s is a speculators checkpoint: serving its verifier %s with it as the %s drafter (K=%d)",
+        config.model,
+        verifier,
+        config.speculative_config.method,
+        config.speculative_config.num_speculative_tokens,
+    )
+    if config.load_format == "dummy":
+        return config_only_checkpoint(verifier, trust_remote_code=config.trust_remote_code)
+    return resolve_checkpoint(verifier, trust_remote_code=config.trust_remote_code)
+
+
 class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
         import torch
 
-        from specserve.loading import config_only_checkpoint, load_tokenizer, resolve_checkpoint
+        from specserve.loading import config_only_checkpoint, load_tokenizer, resolve_checkpoint, speculators
         from specserve.runner.model_runner import ModelRunner, resolve_device, resolve_dtype
 
         self.config = config
@@ -127,6 +159,11 @@ class LLMEngine:
             ckpt = config_only_checkpoint(config.model, trust_remote_code=config.trust_remote_code)
         else:
             ckpt = resolve_checkpoint(config.model, trust_remote_code=config.trust_remote_code)
+        spec_raw = None if ckpt.gguf_file else speculators.read_config(ckpt.path)
+        if (
+            spec_raw is not None
+        ):  # a speculators checkpoint served directly (as vLLM): its verifier is the target
+            ckpt = _serve_speculator(config, ckpt.path, spec_raw)
         self.checkpoint = ckpt
         self.model_path = ckpt.path if not ckpt.gguf_file else f"{ckpt.path}/{ckpt.gguf_file}"
         self.tokenizer = load_tokenizer(config.tokenizer or ckpt, trust_remote_code=config.trust_remote_code)

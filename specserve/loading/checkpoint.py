@@ -103,11 +103,11 @@ def _hf_config(path: str, trust_remote_code: bool) -> Any:
     try:
         return AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
     except (ValueError, KeyError, OSError) as e:
-        if trust_remote_code or "model type" not in str(e):
+        if trust_remote_code or ("model type" not in str(e) and "model_type" not in str(e)):
             raise ValueError(f"Cannot read config.json in '{path}': {_one_line(e)}") from None
         return PretrainedConfig.from_pretrained(
             path
-        )  # unknown model_type: keep the raw fields (e.g. drafters)
+        )  # unknown or no model_type: keep the raw fields (drafters, speculators checkpoints)
 
 
 def _one_line(e: BaseException, limit: int = 300) -> str:

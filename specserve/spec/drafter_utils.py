@@ -21,6 +21,10 @@ def load_drafter_checkpoint(model: str, dummy: bool = False) -> tuple[dict[str, 
     ckpt = config_only_checkpoint(model) if dummy else resolve_checkpoint(model)
     with open(os.path.join(ckpt.path, "config.json")) as f:
         raw = json.load(f)
+    if "speculators_model_type" in raw:  # vLLM's speculators format: the layer config nested
+        from specserve.loading import speculators
+
+        raw = speculators.flatten(raw)
     return raw, ckpt
 
 
