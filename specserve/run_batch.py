@@ -24,9 +24,8 @@ from specserve.server.cli_args import (
     OneLineArgumentParser,
     add_engine_args,
     add_speculative_args,
-    check_engine_args,
     engine_config_from_args,
-    preprocess_argv,
+    parse_engine_command,
 )
 
 PROG = "specserve run-batch"
@@ -153,11 +152,7 @@ def _read_input(path: str) -> str:
 def main(argv: list[str]) -> int:
     parser = make_parser()
     try:
-        argv, dotted = preprocess_argv(list(argv))
-        args = parser.parse_args(argv)
-        if dotted:
-            args.speculative_config = {**(args.speculative_config or {}), **dotted}
-        check_engine_args(parser, args)
+        args = parse_engine_command(parser, argv)
         if args.max_concurrency < 1:
             parser.error(f"argument --max-concurrency: must be at least 1, got {args.max_concurrency}")
     except SystemExit as e:

@@ -13,8 +13,6 @@ import pytest
 
 from specserve.cli import main
 
-SELF_DRAFT = {"method": "draft_model", "num_speculative_tokens": 3}
-
 
 def _run(capsys: pytest.CaptureFixture[str], argv: list[str]) -> tuple[int, str, str]:
     rc = main(argv)
@@ -53,7 +51,9 @@ def test_throughput_counts_and_self_drafting_acceptance(
     path = tmp_path / "thr.json"
     argv = ["bench", "throughput", "--model", tiny_qwen3_dir, "--input-len", "12", "--output-len", "9"]
     argv += ["--num-prompts", "5", "--n", "2", "--temperature", "0", "--disable-tqdm", "--seed", "3"]
-    argv += ["--speculative-config", json.dumps({**SELF_DRAFT, "model": tiny_qwen3_dir})]
+    # vLLM's dotted form of --speculative-config
+    argv += ["--speculative-config.method", "draft_model", "--speculative-config.model", tiny_qwen3_dir]
+    argv += ["--speculative-config.num_speculative_tokens", "3"]
     rc, out, err = _run(capsys, [*argv, "--output-json", str(path)])
     assert rc == 0, err
     m = re.search(

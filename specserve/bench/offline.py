@@ -30,9 +30,8 @@ from specserve.server.cli_args import (
     OneLineArgumentParser,
     add_engine_args,
     add_speculative_args,
-    check_engine_args,
     engine_config_from_args,
-    preprocess_argv,
+    parse_engine_command,
 )
 
 PERCENTAGES = (10, 25, 50, 75, 90, 99)
@@ -90,15 +89,6 @@ def throughput_parser() -> OneLineArgumentParser:
     add_dataset_args(p, default_name=None)
     p.set_defaults(request_id_prefix="throughput-")
     return p
-
-
-def _parse(parser: OneLineArgumentParser, argv: list[str]) -> argparse.Namespace:
-    argv, dotted = preprocess_argv(list(argv))
-    args = parser.parse_args(argv)
-    if dotted:
-        args.speculative_config = {**(args.speculative_config or {}), **dotted}
-    check_engine_args(parser, args)
-    return args
 
 
 def _build_llm(args: argparse.Namespace) -> Any:
@@ -273,7 +263,7 @@ def run_throughput(args: argparse.Namespace) -> dict[str, Any]:
 def _main(kind: str, argv: list[str]) -> int:
     parser = latency_parser() if kind == "latency" else throughput_parser()
     try:
-        args = _parse(parser, argv)
+        args = parse_engine_command(parser, argv)
     except SystemExit as e:  # --help (0) or a bad flag (2, one line already printed)
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
     try:

@@ -408,6 +408,17 @@ def parse_serve_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
+def parse_engine_command(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """Parse a command built on :func:`add_engine_args` / :func:`add_speculative_args` (``bench latency``,
+    ``bench throughput``, ``run-batch``): ``--speculative-config.KEY VALUE`` merged, the engine checks run."""
+    argv, dotted = preprocess_argv(list(argv))
+    args = parser.parse_args(argv)
+    if dotted:
+        args.speculative_config = {**(args.speculative_config or {}), **dotted}
+    check_engine_args(parser, args)
+    return args
+
+
 def check_engine_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """The engine flags' checks that need no model (``parser.error``: one line, exit 2)."""
     if args.max_model_seqs is not None:
