@@ -38,7 +38,8 @@
 # and exports that partial drafter to $WORK/dflash-part, not the assets (no --max-time: the schedule stays
 # DFLASH_STEPS long); DFLASH_RESUME=1 with the same WORK_DIR, data files and settings continues it to the end, or
 # to another DFLASH_STOP_AFTER; restarting with INIT_FROM_ASSETS instead re-warms the LR, which costs ground),
-# SEED (data order and anchors, default 0),
+# SEED (data order and anchors, default 0), DFLASH_EXTRA (more `specserve train dflash` flags, e.g.
+# "--position-weight prefix"),
 # BATCH_SIZE (sequences per step, default 32), EXTRA_DATA (more samples files to train on beside DATA_FILE's, e.g.
 # an earlier run's sampled set),
 # SAMPLED_REPEATS (R > 0 adds a second data set of sampled answers, appended to the greedy one: the gsm8k_train
@@ -125,7 +126,7 @@ fi
 $TRAIN dflash "${D_RUN[@]}" "${COMMON[@]}" "${INIT_D[@]}" --output "$D_OUT" --work-dir "$WORK/dflash" \
     --export-format "${EXPORT_FORMAT:-int8}" \
     --num-layers "${DFLASH_LAYERS:-5}" --intermediate-size "${DFLASH_INTERMEDIATE:-1024}" --block-size 16 --num-anchors 256 --max-steps "$DFLASH_STEPS" \
-    > "$WORK/dflash.log" 2>&1 &
+    ${DFLASH_EXTRA:-} > "$WORK/dflash.log" 2>&1 &
 PID_D=$!
 PID_E=
 if [ "$EAGLE_TIME" -gt 0 ]; then

@@ -23,7 +23,14 @@ from specserve.train.data import (
     self_question_prompts,
 )
 from specserve.train.export import export_drafter, load_drafter
-from specserve.train.losses import Eagle3Objective, build_dflash_blocks, chain_acceptance, sample_anchors
+from specserve.train.losses import (
+    Eagle3Objective,
+    build_dflash_blocks,
+    chain_acceptance,
+    prefix_products,
+    reach_weights,
+    sample_anchors,
+)
 from specserve.train.models import (
     DFlashConfig,
     DFlashDrafter,
@@ -123,8 +130,10 @@ def test_cli_user_errors_return_2(tmp_path, tiny, capsys):
     assert main(_dflash_args(tiny, str(tmp_path / "o"), "--block-size", "1")) == 2
     assert main(["medusa", "--output", str(tmp_path)]) == 2
     assert main(_eagle_args(tiny, str(tmp_path / "o"), "--target-layer-ids", "1", "2")) == 2
+    assert main(_eagle_args(tiny, str(tmp_path / "o"), "--position-weight", "prefix")) == 2
     errs = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
-    assert len(errs) == 4 and all(e.startswith("specserve train: error:") for e in errs)
+    assert len(errs) == 5 and all(e.startswith("specserve train: error:") for e in errs)
+    assert "--position-weight is a DFlash option" in errs[-1]
 
 
 def test_load_prompts_formats(tmp_path):
@@ -685,6 +694,40 @@ def test_dflash_training_reduces_loss(tmp_path, tiny):
     info = json.loads((tmp_path / "o" / "training.json").read_text())
     assert info["data"]["samples"] == 48 and info["train"]["steps"] == 40 and info["history"]
     assert info["train"]["attn_backend"] == "split"  # auto on CPU
+
+
+def test_prefix_position_weights():
+    """--position-weight prefix: each labelled offset weighted by a detached product over its block's earlier
+    offsets of exp(label logit - top logit) (1 where the greedy pick is right; unlabelled offsets count as
+    reached); chunked_cross_entropy returns those gaps."""
+    p = torch.tensor([[1.0, 0.5, 0.2, 0.9], [1.0, 1.0, 0.25, 1.0]])
+    assert torch.allclose(prefix_products(p), torch.tensor([[1.0, 1.0, 0.5, 0.1], [1.0, 1.0, 1.0, 0.25]]))
+    # two blocks of 4: offset 0 (the anchor) never labelled; block 1's offset 3 past the end
+    flat_ok = torch.tensor([False, True, True, True, False, True, True, False])
+    reach = torch.tensor([0.5, 0.2, 0.9, 0.8, 0.25])
+    w = reach_weights(-reach.log(), flat_ok, 4)
+    assert torch.allclose(w, torch.tensor([1.0, 0.5, 0.1, 1.0, 0.8]))
+    # the gaps: 0 where the label is the top logit, top - label otherwise; no gradient through them
+    from specserve.train.losses import chunked_cross_entropy
+
+    h = torch.randn(5, 8, requires_grad=True)
+    wt = torch.randn(16, 8)
+    logits = (h @ wt.T).detach()
+    labels = torch.tensor([int(logits[0].argmax()), 3, 5, int(logits[3].argmax()), 9])
+    ce, ok, gap = chunked_cross_entropy(h, wt, labels, chunk=2)
+    want = logits.max(1).values - logits[torch.arange(5), labels]
+    assert torch.allclose(gap, want) and gap[0] == 0 and gap[3] == 0 and ok[0] and ok[3]
+    assert not gap.requires_grad and ce.requires_grad
+
+
+def test_dflash_training_prefix_weights_reduce_loss(tmp_path, tiny):
+    args = _dflash_args(tiny, str(tmp_path / "o"), "--max-steps", "30", "--epochs", "100")
+    res = run(parse_args([*args, "--position-weight", "prefix"]))
+    first, last = _first_last(res.metrics["history"])
+    assert last["loss"] < first["loss"] - 0.3, res.metrics["history"]
+    assert last["acc"][0] > 0.8 and last["tau"] > first["tau"] + 1.0
+    info = json.loads((tmp_path / "o" / "training.json").read_text())
+    assert info["train"]["position_weight"] == "prefix"
 
 
 @_eager_flex

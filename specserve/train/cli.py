@@ -187,6 +187,14 @@ def build_parser() -> argparse.ArgumentParser:
         "differs from 'data' on answers sampled at a temperature; costs one full target forward per batch)",
     )
     o.add_argument("--gamma", type=float, default=None, help="DFlash loss decay (default 7 * block/16)")
+    o.add_argument(
+        "--position-weight",
+        choices=("decay", "prefix"),
+        default="decay",
+        help="DFlash loss weight of block offset k: 'decay', exp(-(k-1)/gamma); 'prefix' (D-PACE-style), that "
+        "times the drafter's detached probability of getting offsets 1..k-1 of the block right (the chance that "
+        "verification reaches k), which aims the loss at the expected acceptance length",
+    )
     o.add_argument("--ttt-steps", type=int, default=7)
     o.add_argument("--epochs", type=float, default=1.0)
     o.add_argument("--max-steps", type=int, default=None)
@@ -305,6 +313,10 @@ def _validate(a: argparse.Namespace) -> None:
         raise TrainError(f"--block-size must be at least 2, got {a.block_size}")
     if a.method == "eagle3" and a.target_layer_ids is not None and len(a.target_layer_ids) != 3:
         raise TrainError("EAGLE-3 needs exactly 3 --target-layer-ids")
+    if a.method == "eagle3" and a.position_weight != "decay":
+        raise TrainError(
+            "--position-weight is a DFlash option (EAGLE-3 weights its unrolled steps by 0.8**j)"
+        )
     if a.eval_only:
         if a.init_from is None or a.val_data is None:
             raise TrainError("--eval-only needs --init-from DRAFTER and --val-data FILE")
@@ -727,6 +739,7 @@ def run(a: argparse.Namespace) -> TrainResult:
         seed=a.seed,
         num_anchors=a.num_anchors,
         gamma=a.gamma,
+        position_weight=a.position_weight,
         ttt_steps=a.ttt_steps,
         labels=a.labels,
         attn_backend=a.attn_backend,
@@ -846,6 +859,7 @@ def _eval_only(a: argparse.Namespace, device: torch.device, dtype: torch.dtype) 
         max_length=a.max_length,
         num_anchors=a.num_anchors,
         gamma=a.gamma,
+        position_weight=a.position_weight,
         ttt_steps=a.ttt_steps,
         attn_backend="split",
         progress=False,

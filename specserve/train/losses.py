@@ -20,35 +20,40 @@ from specserve.train.models import ATTN_BACKENDS, BlockVisibility, DFlashDrafter
 # ------------------------------------------------------------------------------------------ shared
 
 
-def _ce_chunk(h: torch.Tensor, w: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _ce_chunk(
+    h: torch.Tensor, w: torch.Tensor, labels: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     logits = F.linear(h, w.to(h.dtype)).float()
     ce = F.cross_entropy(logits, labels, reduction="none")
-    return ce, logits.argmax(-1) == labels
+    top = logits.max(-1)
+    gap = (top.values - logits.gather(1, labels[:, None])[:, 0]).detach()
+    return ce, top.indices == labels, gap
 
 
 def chunked_cross_entropy(
     hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, chunk: int = 8192
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-row CE of ``hidden @ weight.T`` against ``labels`` plus top-1 correctness, in row chunks.
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-row CE of ``hidden @ weight.T`` against ``labels``, top-1 correctness and the (detached) gap between
+    the top logit and the label's (0 where the label is the top pick), in row chunks.
 
     With grad enabled each chunk is recomputed in backward (activation checkpointing), so peak memory is
     one chunk's fp32 logits regardless of the number of rows.
     """
-    ces, oks = [], []
+    ces, oks, gaps = [], [], []
     use_ckpt = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
     for i in range(0, hidden.shape[0], chunk):
         h, lab = hidden[i : i + chunk], labels[i : i + chunk]
         if use_ckpt:
-            ce, ok = checkpoint(_ce_chunk, h, weight, lab, use_reentrant=False)
+            ce, ok, gap = checkpoint(_ce_chunk, h, weight, lab, use_reentrant=False)
         else:
-            ce, ok = _ce_chunk(h, weight, lab)
+            ce, ok, gap = _ce_chunk(h, weight, lab)
         ces.append(ce)
         oks.append(ok)
+        gaps.append(gap)
     if not ces:
-        return hidden.new_zeros(0, dtype=torch.float32), torch.zeros(
-            0, dtype=torch.bool, device=hidden.device
-        )
-    return torch.cat(ces), torch.cat(oks)
+        empty = hidden.new_zeros(0, dtype=torch.float32)
+        return empty, torch.zeros(0, dtype=torch.bool, device=hidden.device), empty
+    return torch.cat(ces), torch.cat(oks), torch.cat(gaps)
 
 
 def _accept_length(correct: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
@@ -157,10 +162,36 @@ def build_dflash_blocks(
     )
 
 
+POSITION_WEIGHTS = ("decay", "prefix")
+
+
+def prefix_products(p: torch.Tensor) -> torch.Tensor:
+    """``p`` ``[R, K]`` -> ``[R, K]``: at column k the product of ``p[:, :k]`` (1 at column 0)."""
+    ones = torch.ones_like(p[:, :1])
+    return torch.cat([ones, torch.cumprod(p[:, :-1], dim=1)], dim=1)
+
+
+def reach_weights(gap: torch.Tensor, flat_ok: torch.Tensor, k: int) -> torch.Tensor:
+    """Per labelled row (``gap`` over the rows ``flat_ok`` selects from ``[blocks * k]``: top logit - the label's
+    logit): the detached product over its block's earlier offsets of ``exp(-gap_j)``, which is 1 where the
+    drafter's greedy pick is the label and falls smoothly as the label drops behind it, a stand-in for "greedy
+    verification reaches this offset"; offsets without a label (the anchor, past the sequence end or the loss
+    mask) count as reached."""
+    r = torch.ones(flat_ok.numel(), device=gap.device)
+    r[flat_ok] = torch.exp(-gap.detach().float())
+    return prefix_products(r.view(-1, k)).view(-1)[flat_ok]
+
+
 class DFlashObjective(nn.Module):
     """``forward(taps, input_ids, loss_mask, anchors, valid) -> (loss, stats)``; wrap this in DDP.
 
     The target's embedding and LM head are plain (unregistered) tensors: frozen and never synced.
+
+    ``position_weight``: ``"decay"`` weights block offset k by ``exp(-(k-1)/gamma)`` (z-lab / SpecForge);
+    ``"prefix"`` (in the spirit of SpecForge's D-PACE) also multiplies it by :func:`reach_weights`, a detached,
+    smooth measure of whether the drafter gets every earlier offset of the same block right (the product of
+    ``exp(label logit - top logit)``): an accepted run only reaches offset k if offsets 1..k-1 were accepted, so
+    this spends the gradient where it can lengthen accepted runs instead of on offsets the block rarely reaches.
     """
 
     def __init__(
@@ -171,8 +202,12 @@ class DFlashObjective(nn.Module):
         gamma: float | None = None,
         backend: str = "split",
         ce_chunk: int = 8192,
+        position_weight: str = "decay",
     ) -> None:
         super().__init__()
+        if position_weight not in POSITION_WEIGHTS:
+            raise ValueError(f"unknown position weight {position_weight!r} ({', '.join(POSITION_WEIGHTS)})")
+        self.position_weight = position_weight
         self.drafter = drafter
         self.embed_weight = embed_weight
         self.lm_head_weight = lm_head_weight
@@ -214,9 +249,11 @@ class DFlashObjective(nn.Module):
         flat_ok = label_ok.view(-1)
         rows = hidden.view(b * n * k, -1)[flat_ok]
         labels = blk["labels"].view(-1)[flat_ok]
-        ce, correct = chunked_cross_entropy(rows, self.lm_head_weight, labels, self.ce_chunk)
+        ce, correct, gap = chunked_cross_entropy(rows, self.lm_head_weight, labels, self.ce_chunk)
         kidx = torch.arange(k, device=input_ids.device).expand(b, n, k).reshape(-1)[flat_ok]
         w = self.position_weights(input_ids.device)[kidx]
+        if self.position_weight == "prefix":
+            w = w * reach_weights(gap, flat_ok, k)
         if ce.numel() == 0:
             loss = hidden.sum() * 0.0
         else:
@@ -313,7 +350,7 @@ class Eagle3Objective(nn.Module):
                 lab_ok = lab_ok & (dl >= 0)
                 labels = dl.clamp(min=0)
             rows = d.norm(out)[lab_ok]
-            ce, correct = chunked_cross_entropy(rows, head_w, labels[lab_ok], self.ce_chunk)
+            ce, correct, _ = chunked_cross_entropy(rows, head_w, labels[lab_ok], self.ce_chunk)
             w = self.step_decay**j
             if ce.numel():
                 total = total + w * ce.mean()

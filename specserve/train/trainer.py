@@ -47,6 +47,9 @@ class TrainArgs:
     seed: int = 0
     num_anchors: int = 512
     gamma: float | None = None
+    position_weight: str = (
+        "decay"  # DFlash: "decay", or "prefix" (times the detached chance to reach the offset)
+    )
     ttt_steps: int = 7
     labels: str = "data"  # "data": the training tokens; "target": the target's greedy next tokens
     attn_backend: str = "auto"
@@ -103,7 +106,15 @@ class Trainer:
         embed, head = target.embed_weight.detach(), target.lm_head_weight.detach()
         obj: nn.Module
         if self.is_dflash:
-            obj = DFlashObjective(drafter, embed, head, args.gamma, backend, args.ce_chunk)  # type: ignore[arg-type]
+            obj = DFlashObjective(
+                drafter,  # type: ignore[arg-type]
+                embed,
+                head,
+                args.gamma,
+                backend,
+                args.ce_chunk,
+                position_weight=args.position_weight,
+            )
         else:
             obj = Eagle3Objective(drafter, embed, head, args.ttt_steps, ce_chunk=args.ce_chunk)  # type: ignore[arg-type]
         self.objective = obj
@@ -466,6 +477,7 @@ class Trainer:
             seconds=round(elapsed, 2),
             tokens_seen=self.tokens_seen,
             attn_backend=getattr(self.objective, "backend", None),
+            position_weight=getattr(self.objective, "position_weight", None),
             final=last,
             val=self.val_history[-1] if self.val_history else None,
             parts=self.schedule_parts(),
