@@ -2,7 +2,7 @@
 not fit in the cache.
 
     python benchmarks/cpu_gemm_orders.py [--layers 30] [--hidden 576] [--intermediate 1536] [--rows 1 2 5 16 64 128]
-        [--reps 3] [--out FILE]
+        [--reps 3] [--dtype float32|bfloat16] [--out FILE]
 
 One pass = every layer's qkv / o / gate_up / down projection (SmolLM2-135M's shapes by default, float32: 425 MB, far
 over the L3) for a batch of ``rows`` rows, as a decode step (1 row), a speculative verify (K+1 rows) or a drafter
@@ -32,14 +32,16 @@ def main() -> int:
     ap.add_argument("--vocab", type=int, default=49152)
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 2, 5, 16, 64, 128])
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     torch.manual_seed(0)
     h, i = args.hidden, args.intermediate
     shapes = [(h + 2 * args.kv, h), (h, h), (2 * i, h), (h, i)]
-    weights = [[torch.randn(*s) for s in shapes] for _ in range(args.layers)]
-    head = torch.randn(args.vocab, h)
-    layer_bytes = sum(w.numel() * 4 for ws in weights for w in ws)
+    dt = getattr(torch, args.dtype)
+    weights = [[torch.randn(*s).to(dt) for s in shapes] for _ in range(args.layers)]
+    head = torch.randn(args.vocab, h).to(dt)
+    layer_bytes = sum(w.numel() * w.element_size() for ws in weights for w in ws)
 
     big = torch.randn(100_000_000)
     big.sum()
@@ -65,10 +67,10 @@ def main() -> int:
 
     rows_out = []
     for r in args.rows:
-        xs = [torch.randn(r, s[1]) for s in shapes]
+        xs = [torch.randn(r, s[1]).to(dt) for s in shapes]
         for name, fn in orders.items():
             ms = timed(fn, xs, weights)
-            head_ms = timed(fn, [torch.randn(r, h)], [[head]])
+            head_ms = timed(fn, [torch.randn(r, h).to(dt)], [[head]])
             row = {
                 "rows": r,
                 "order": name,
@@ -78,7 +80,7 @@ def main() -> int:
             }
             rows_out.append(row)
             print(json.dumps(row), flush=True)
-    print(f"\nweights: {layer_bytes / 1e6:.0f} MB of layers + {head.numel() * 4 / 1e6:.0f} MB LM head (float32); "
+    print(f"\nweights: {layer_bytes / 1e6:.0f} MB of layers + {head.numel() * head.element_size() / 1e6:.0f} MB LM head ({args.dtype}); "
           f"read bandwidth (sum): {read_gbs:.1f} GB/s; torch threads {torch.get_num_threads()}")  # fmt: skip
     print(f"{'rows':>5} {'order':24} {'layers ms':>10} {'GB/s':>6} {'LM head ms':>11}")
     for row in rows_out:
@@ -90,6 +92,7 @@ def main() -> int:
         **run_info(),
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
+        "dtype": args.dtype,
         "read_gb_per_s": round(read_gbs, 1),
         "layer_weight_bytes": layer_bytes,
         "rows": rows_out,
