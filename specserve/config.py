@@ -141,14 +141,11 @@ class SpeculativeConfig:
         d = dict(d)
         method = d.get("method")
         model = d.get("model")
-        spec_raw = None
-        if isinstance(model, str):
-            from specserve.loading import speculators
+        from specserve.loading import speculators
 
-            spec_raw = speculators.read_config(model)
-        if spec_raw is not None:  # a speculators checkpoint names its method and K (as vLLM reads them)
-            from specserve.loading import speculators
-
+        # a local speculators checkpoint names its method and K (as vLLM reads them)
+        spec_raw = speculators.read_config(model) if isinstance(model, str) else None
+        if spec_raw is not None:
             if method is None:
                 method = speculators.method_of(spec_raw)
             if d.get("num_speculative_tokens") is None:

@@ -159,10 +159,9 @@ class LLMEngine:
             ckpt = config_only_checkpoint(config.model, trust_remote_code=config.trust_remote_code)
         else:
             ckpt = resolve_checkpoint(config.model, trust_remote_code=config.trust_remote_code)
+        # a speculators checkpoint served directly (as vLLM): the verifier it names is the target
         spec_raw = None if ckpt.gguf_file else speculators.read_config(ckpt.path)
-        if (
-            spec_raw is not None
-        ):  # a speculators checkpoint served directly (as vLLM): its verifier is the target
+        if spec_raw is not None:
             ckpt = _serve_speculator(config, ckpt.path, spec_raw)
         self.checkpoint = ckpt
         self.model_path = ckpt.path if not ckpt.gguf_file else f"{ckpt.path}/{ckpt.gguf_file}"
