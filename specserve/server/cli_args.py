@@ -385,15 +385,11 @@ def preprocess_argv(argv: list[str]) -> tuple[list[str], dict[str, Any]]:
 def parse_serve_args(argv: list[str]) -> argparse.Namespace:
     """Parse ``specserve serve`` arguments (exits 2 with one line on errors)."""
     parser = make_arg_parser()
-    argv, dotted = preprocess_argv(list(argv))
-    args = parser.parse_args(argv)
-    if dotted:
-        args.speculative_config = {**(args.speculative_config or {}), **dotted}
+    args = parse_engine_command(parser, argv)
     if args.model_flag is not None:
         if args.model_tag is not None and args.model_tag != args.model_flag:
             parser.error(f"two models given: {args.model_tag!r} (positional) and --model {args.model_flag!r}")
         args.model_tag = args.model_flag
-    check_engine_args(parser, args)
     if args.max_logprobs < -1:
         parser.error(f"argument --max-logprobs: must be -1 (no cap) or at least 0, got {args.max_logprobs}")
     if args.ssl_keyfile is not None and args.ssl_certfile is None:
