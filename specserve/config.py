@@ -111,6 +111,7 @@ class SpeculativeConfig:
     prompt_lookup_max: int | None = None
     enforce_eager: bool | None = None
     max_model_len: int | None = None
+    revision: str | None = None  # the drafter's hub revision (vLLM's key)
 
     @classmethod
     def from_any(cls, value: SpeculativeConfig | dict[str, Any] | str | None) -> SpeculativeConfig | None:
@@ -197,6 +198,9 @@ class SpeculativeConfig:
         for name in ("disable_padded_drafter_batch", "enforce_eager", "disable_when_slower"):
             if d.get(name) is not None and not isinstance(d[name], bool):
                 raise ValueError(f"speculative_config: {name!r} must be a boolean, got {d[name]!r}.")
+        rev = d.get("revision")
+        if rev is not None and not isinstance(rev, str):
+            raise ValueError(f"speculative_config: 'revision' must be a string, got {rev!r}.")
         mml = d.get("max_model_len")
         if mml is not None and (not isinstance(mml, int) or mml < 1):
             raise ValueError(f"speculative_config: 'max_model_len' must be a positive integer, got {mml!r}.")
@@ -238,6 +242,11 @@ class EngineConfig:
     tokenizer: str | None = None
     dtype: str = "auto"
     device: str = "auto"
+    # hub ids only (vLLM's --revision / --tokenizer-revision / --download-dir): a branch, tag or commit, and the
+    # directory downloads are cached in (default: the Hugging Face cache)
+    revision: str | None = None
+    tokenizer_revision: str | None = None
+    download_dir: str | None = None
     max_model_len: int | None = None
     max_num_seqs: int = 8
     max_num_batched_tokens: int | None = None

@@ -39,6 +39,9 @@ class LLM:
         async_spec: bool | None = None,
         load_format: str = "auto",
         max_logprobs: int = 20,
+        revision: str | None = None,
+        tokenizer_revision: str | None = None,
+        download_dir: str | None = None,
         **kwargs: Any,
     ) -> None:
         if kwargs:
@@ -67,6 +70,9 @@ class LLM:
             async_spec=async_spec,
             load_format=load_format,
             max_logprobs=max_logprobs,
+            revision=revision,
+            tokenizer_revision=tokenizer_revision,
+            download_dir=download_dir,
         )
         self.engine = LLMEngine(self.config)
 

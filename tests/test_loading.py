@@ -376,3 +376,72 @@ def test_engine_reads_the_checkpoint_dtype(
     cfg.pop("torch_dtype", None)
     (bf / "config.json").write_text(json.dumps(cfg))
     assert LLM(str(bf), device="cpu", max_num_seqs=1).engine.runner.dtype == torch.bfloat16
+
+
+# ------------------------------------------------------------------------------------------ hub revisions
+
+
+@pytest.fixture
+def fake_hub(monkeypatch: pytest.MonkeyPatch, tiny_qwen3_dir: str) -> list[dict]:
+    """huggingface_hub.snapshot_download replaced: each call recorded, every repo served by tiny_qwen3_dir."""
+    import huggingface_hub
+
+    calls: list[dict] = []
+
+    def fake(repo_id: str, **kw):  # type: ignore[no-untyped-def]
+        calls.append({"repo": repo_id, "revision": kw.get("revision"), "cache_dir": kw.get("cache_dir")})
+        return tiny_qwen3_dir
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", fake)
+    return calls
+
+
+def test_revision_and_download_dir_reach_every_hub_download(
+    fake_hub: list[dict], tiny_qwen3_dir: str, tmp_path
+):
+    """vLLM's --revision / --tokenizer-revision / --download-dir and the speculative config's "revision": each hub
+    download (target, tokenizer, drafter) asks for its own revision, all into the download dir."""
+    from specserve import LLM, SamplingParams
+
+    cache = str(tmp_path / "hub")
+    llm = LLM(
+        "org/target",
+        tokenizer="org/tokenizer",
+        revision="t-rev",
+        tokenizer_revision="tok-rev",
+        download_dir=cache,
+        device="cpu",
+        dtype="float32",
+        max_num_seqs=2,
+        speculative_config={
+            "method": "draft_model",
+            "model": "org/drafter",
+            "num_speculative_tokens": 2,
+            "revision": "d-rev",
+        },
+    )
+    got = {c["repo"]: (c["revision"], c["cache_dir"]) for c in fake_hub}
+    assert got == {
+        "org/target": ("t-rev", cache),
+        "org/tokenizer": ("tok-rev", cache),
+        "org/drafter": ("d-rev", cache),
+    }
+    out = llm.generate(["Hello"], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+    assert len(out[0].outputs[0].token_ids) == 4
+    with pytest.raises(ValueError, match="'revision' must be a string"):
+        LLM(
+            tiny_qwen3_dir, speculative_config={"method": "ngram", "num_speculative_tokens": 2, "revision": 3}
+        )
+
+
+def test_revision_flags_on_the_command_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    from specserve.server.cli_args import engine_config_from_args, parse_serve_args
+
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    argv = ["org/m", "--revision", "v2", "--tokenizer-revision", "t2", "--download-dir", "/data/hub"]
+    cfg = engine_config_from_args(parse_serve_args([*argv, "--hf-token", "hf_secret"]))
+    assert (cfg.revision, cfg.tokenizer_revision, cfg.download_dir) == ("v2", "t2", "/data/hub")
+    assert os.environ["HF_TOKEN"] == "hf_secret"
+    monkeypatch.delenv("HF_TOKEN")
+    engine_config_from_args(parse_serve_args([*argv, "--hf-token"]))  # no value: the stored login
+    assert "HF_TOKEN" not in os.environ

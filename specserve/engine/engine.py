@@ -140,7 +140,9 @@ def _serve_speculator(config: EngineConfig, path: str, raw: dict[str, Any]) -> A
     )
     if config.load_format == "dummy":
         return config_only_checkpoint(verifier, trust_remote_code=config.trust_remote_code)
-    return resolve_checkpoint(verifier, trust_remote_code=config.trust_remote_code)
+    return resolve_checkpoint(
+        verifier, trust_remote_code=config.trust_remote_code, download_dir=config.download_dir
+    )
 
 
 class LLMEngine:
@@ -158,14 +160,24 @@ class LLMEngine:
                 raise ValueError("load_format='dummy' needs a model directory with config.json.")
             ckpt = config_only_checkpoint(config.model, trust_remote_code=config.trust_remote_code)
         else:
-            ckpt = resolve_checkpoint(config.model, trust_remote_code=config.trust_remote_code)
+            ckpt = resolve_checkpoint(
+                config.model,
+                trust_remote_code=config.trust_remote_code,
+                revision=config.revision,
+                download_dir=config.download_dir,
+            )
         # a speculators checkpoint served directly (as vLLM): the verifier it names is the target
         spec_raw = None if ckpt.gguf_file else speculators.read_config(ckpt.path)
         if spec_raw is not None:
             ckpt = _serve_speculator(config, ckpt.path, spec_raw)
         self.checkpoint = ckpt
         self.model_path = ckpt.path if not ckpt.gguf_file else f"{ckpt.path}/{ckpt.gguf_file}"
-        self.tokenizer = load_tokenizer(config.tokenizer or ckpt, trust_remote_code=config.trust_remote_code)
+        self.tokenizer = load_tokenizer(
+            config.tokenizer or ckpt,
+            trust_remote_code=config.trust_remote_code,
+            revision=config.tokenizer_revision if config.tokenizer else None,
+            download_dir=config.download_dir,
+        )
         self._decode = fast_decoder(self.tokenizer)
         self.model_config = mc = ModelConfig.from_hf(ckpt.hf_config)
         max_len = config.max_model_len or mc.max_position_embeddings

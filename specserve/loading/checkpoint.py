@@ -119,8 +119,9 @@ def is_hub_id(model: str) -> bool:
     return bool(_HUB_ID.match(model)) and ".." not in model
 
 
-def _hub_download(repo: str, patterns: list[str], revision: str | None) -> str:
-    """``snapshot_download`` honouring HF_HUB_OFFLINE at call time; every failure becomes a one-line ValueError."""
+def _hub_download(repo: str, patterns: list[str], revision: str | None, cache_dir: str | None = None) -> str:
+    """``snapshot_download`` (``revision``: a branch, tag or commit; ``cache_dir``: vLLM's ``--download-dir``, else
+    the Hugging Face cache) honouring HF_HUB_OFFLINE at call time; every failure becomes a one-line ValueError."""
     from huggingface_hub import constants, snapshot_download
 
     offline = constants.is_offline_mode() or os.environ.get("HF_HUB_OFFLINE", "").upper() in (
@@ -130,7 +131,9 @@ def _hub_download(repo: str, patterns: list[str], revision: str | None) -> str:
         "TRUE",
     )
     try:
-        return snapshot_download(repo, revision=revision, allow_patterns=patterns, local_files_only=offline)
+        return snapshot_download(
+            repo, revision=revision, allow_patterns=patterns, local_files_only=offline, cache_dir=cache_dir
+        )
     except Exception as e:
         raise ValueError(
             f"Cannot download '{repo}' from the Hugging Face Hub (offline or not found): {_one_line(e)}. "
@@ -138,17 +141,19 @@ def _hub_download(repo: str, patterns: list[str], revision: str | None) -> str:
         ) from None
 
 
-def _download_checkpoint(repo: str, revision: str | None, trust_remote_code: bool) -> str:
-    path = _hub_download(repo, _META_PATTERNS + (["*.py"] if trust_remote_code else []), revision)
+def _download_checkpoint(
+    repo: str, revision: str | None, trust_remote_code: bool, cache_dir: str | None
+) -> str:
+    path = _hub_download(repo, _META_PATTERNS + (["*.py"] if trust_remote_code else []), revision, cache_dir)
     index = os.path.join(path, "model.safetensors.index.json")
     if os.path.isfile(index):
         with open(index) as fh:
             weights = sorted(set(json.load(fh)["weight_map"].values()))
     else:
         weights = ["*.safetensors"]
-    path = _hub_download(repo, weights, revision)
+    path = _hub_download(repo, weights, revision, cache_dir)
     if not glob.glob(os.path.join(path, "*.safetensors")):
-        path = _hub_download(repo, ["pytorch_model*.bin"], revision)
+        path = _hub_download(repo, ["pytorch_model*.bin"], revision, cache_dir)
     return path
 
 
@@ -171,7 +176,11 @@ def _find_gguf(path: str) -> tuple[str, str] | None:
 
 
 def resolve_checkpoint(
-    model: str | None, *, trust_remote_code: bool = False, revision: str | None = None
+    model: str | None,
+    *,
+    trust_remote_code: bool = False,
+    revision: str | None = None,
+    download_dir: str | None = None,
 ) -> Checkpoint:
     """None -> the demo target; a local dir with config.json; a .gguf path or a dir with one .gguf; or an HF hub id."""
     if model is None:
@@ -182,7 +191,7 @@ def resolve_checkpoint(
             raise ValueError(
                 f"Model '{model}' not found: no such local path, and it is not a Hugging Face Hub id."
             )
-        model = _download_checkpoint(model, revision, trust_remote_code)
+        model = _download_checkpoint(model, revision, trust_remote_code, download_dir)
     gg = _find_gguf(model)
     if gg is not None:
         gdir, gfile = gg
@@ -219,7 +228,13 @@ def _gguf_cache() -> Any:
     return specserve_cache_dir() / "gguf"
 
 
-def load_tokenizer(source: str | Checkpoint | None, *, trust_remote_code: bool = False) -> Any:
+def load_tokenizer(
+    source: str | Checkpoint | None,
+    *,
+    trust_remote_code: bool = False,
+    revision: str | None = None,
+    download_dir: str | None = None,
+) -> Any:
     """A transformers tokenizer for a checkpoint, a local dir / .gguf, an HF hub id, or None (the demo target).
 
     GGUF tokenizers are converted once and cached under ``specserve_cache_dir()/gguf``."""
@@ -238,7 +253,9 @@ def load_tokenizer(source: str | Checkpoint | None, *, trust_remote_code: bool =
                 raise ValueError(
                     f"Tokenizer '{path}' not found: no such local path, and it is not a Hugging Face Hub id."
                 )
-            path = _hub_download(path, _META_PATTERNS + (["*.py"] if trust_remote_code else []), None)
+            path = _hub_download(
+                path, _META_PATTERNS + (["*.py"] if trust_remote_code else []), revision, download_dir
+            )
         gg = _find_gguf(path)
         has_tok = any(
             os.path.isfile(os.path.join(path, f)) for f in ("tokenizer.json", "tokenizer_config.json")

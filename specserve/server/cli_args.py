@@ -230,6 +230,22 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     """vLLM's engine flags (``serve``, ``bench latency``, ``bench throughput``)."""
     e = p.add_argument_group("engine")
     e.add_argument("--tokenizer", default=None, help="Tokenizer path/id (default: the model's).")
+    e.add_argument("--revision", default=None, help="Hub ids: the model's branch, tag or commit.")
+    e.add_argument(
+        "--tokenizer-revision", default=None, help="Hub ids: the --tokenizer's branch, tag or commit."
+    )
+    e.add_argument(
+        "--download-dir",
+        default=None,
+        help="Where hub downloads are cached (default: the Hugging Face cache).",
+    )
+    e.add_argument(
+        "--hf-token",
+        nargs="?",
+        const=True,
+        default=None,
+        help="Hugging Face token for gated / private hub ids (no value: the stored login, as without the flag).",
+    )
     e.add_argument(
         "--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16", "half", "float"]
     )
@@ -453,9 +469,14 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         raise ValueError(
             "--enable-auto-tool-choice needs --tool-call-parser (one of: " + ", ".join(TOOL_PARSERS) + ")"
         )
+    if isinstance(args.hf_token, str):  # read by huggingface_hub for every download of this process
+        os.environ["HF_TOKEN"] = args.hf_token
     kwargs: dict[str, Any] = {
         "model": args.model_tag,
         "tokenizer": args.tokenizer,
+        "revision": args.revision,
+        "tokenizer_revision": args.tokenizer_revision,
+        "download_dir": args.download_dir,
         "dtype": args.dtype,
         "device": args.device,
         "max_model_len": args.max_model_len,

@@ -30,7 +30,7 @@ class DFlashProposer(Proposer):
         super().__init__(spec.num_speculative_tokens)
         assert spec.model is not None
         dummy = runner.config.load_format == "dummy"
-        raw, ckpt = load_drafter_checkpoint(spec.model, dummy)
+        raw, ckpt = load_drafter_checkpoint(spec.model, dummy, spec.revision, runner.config.download_dir)
         archs = raw.get("architectures") or []
         if not any("DFlash" in a for a in archs) and "dflash_config" not in raw:
             raise ValueError(f"{spec.model} is not a DFlash checkpoint (architectures={archs}).")

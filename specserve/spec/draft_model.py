@@ -49,7 +49,9 @@ class DraftModelProposer(Proposer):
         ckpt = (
             config_only_checkpoint(spec.model, trust_remote_code=trc)
             if dummy
-            else resolve_checkpoint(spec.model, trust_remote_code=trc)
+            else resolve_checkpoint(
+                spec.model, trust_remote_code=trc, revision=spec.revision, download_dir=cfg.download_dir
+            )
         )
         archs = list(getattr(ckpt.hf_config, "architectures", None) or [])
         for kind, method in (("DFlash", "dflash"), ("Eagle3", "eagle3"), ("Eagle", "eagle")):

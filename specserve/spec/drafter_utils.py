@@ -15,10 +15,15 @@ if TYPE_CHECKING:
     from specserve.runner.model_runner import ModelRunner
 
 
-def load_drafter_checkpoint(model: str, dummy: bool = False) -> tuple[dict[str, Any], Checkpoint]:
+def load_drafter_checkpoint(
+    model: str, dummy: bool = False, revision: str | None = None, download_dir: str | None = None
+) -> tuple[dict[str, Any], Checkpoint]:
     from specserve.loading import config_only_checkpoint, resolve_checkpoint
 
-    ckpt = config_only_checkpoint(model) if dummy else resolve_checkpoint(model)
+    if dummy:
+        ckpt = config_only_checkpoint(model)
+    else:
+        ckpt = resolve_checkpoint(model, revision=revision, download_dir=download_dir)
     with open(os.path.join(ckpt.path, "config.json")) as f:
         raw = json.load(f)
     if "speculators_model_type" in raw:  # vLLM's speculators format: the layer config nested

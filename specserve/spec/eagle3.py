@@ -32,7 +32,7 @@ class Eagle3Proposer(Proposer):
         super().__init__(spec.num_speculative_tokens)
         assert spec.model is not None
         dummy = runner.config.load_format == "dummy"
-        raw, ckpt = load_drafter_checkpoint(spec.model, dummy)
+        raw, ckpt = load_drafter_checkpoint(spec.model, dummy, spec.revision, runner.config.download_dir)
         tc = runner.model_config
         L = tc.num_hidden_layers
         ids = raw.get("eagle_aux_hidden_state_layer_ids") or (raw.get("eagle_config") or {}).get(
