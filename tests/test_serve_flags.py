@@ -117,6 +117,17 @@ def test_bad_values_exit_2_one_line(args: list[str], needle: str, capsys: pytest
     assert lines[0].startswith("specserve serve: error:") and needle in lines[0], lines[0]
 
 
+def test_bad_max_n_sequences_env_fails_at_start(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from specserve.server.api_server import serve_main
+
+    monkeypatch.setenv("VLLM_MAX_N_SEQUENCES", "lots")
+    assert serve_main(["some/model"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "specserve serve: error: VLLM_MAX_N_SEQUENCES must be an integer, got 'lots'."
+
+
 # --------------------------------------------------------------------------- over HTTP
 
 

@@ -456,6 +456,12 @@ def check_engine_args(parser: argparse.ArgumentParser, args: argparse.Namespace)
         )
     if args.enable_chunked_prefill is False:
         logger.warning("--no-enable-chunked-prefill has no effect: specserve always chunks prefill.")
+    from specserve.sampling_params import max_n_sequences
+
+    try:  # a bad VLLM_MAX_N_SEQUENCES fails here, not in every request's 400
+        max_n_sequences()
+    except ValueError as e:
+        parser.error(str(e))
     if args.speculative_config is not None:
         try:
             SpeculativeConfig.from_any(args.speculative_config)
