@@ -97,33 +97,26 @@ def _build_llm(args: argparse.Namespace) -> Any:
     return LLM.from_engine_config(engine_config_from_args(args))
 
 
-def _spec_counters(llm: Any) -> dict[str, Any]:
+def _spec_counters(llm: Any) -> Any:
+    """The engine's speculative counters in ``bench serve``'s form (what it reads from ``/metrics``)."""
+    from specserve.bench.serve import SpecDecodeMetrics
+
     m = llm.get_metrics()
-    return {
-        "drafts": m["spec_decode_num_drafts"],
-        "draft_tokens": m["spec_decode_num_draft_tokens"],
-        "accepted": m["spec_decode_num_accepted_tokens"],
-        "per_pos": list(m["spec_decode_num_accepted_tokens_per_pos"]),
-        "k": m["num_speculative_tokens"],
-    }
+    return SpecDecodeMetrics(
+        num_drafts=m["spec_decode_num_drafts"],
+        num_draft_tokens=m["spec_decode_num_draft_tokens"],
+        num_accepted_tokens=m["spec_decode_num_accepted_tokens"],
+        accepted_per_pos=dict(enumerate(m["spec_decode_num_accepted_tokens_per_pos"])),
+    )
 
 
-def _spec_summary(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any] | None:
-    if not after["k"]:
-        return None
-    drafts = after["drafts"] - before["drafts"]
-    drafted = after["draft_tokens"] - before["draft_tokens"]
-    accepted = after["accepted"] - before["accepted"]
-    per_pos = [a - b for a, b in zip(after["per_pos"], before["per_pos"] + [0] * len(after["per_pos"]))]
-    return {
-        "num_speculative_tokens": after["k"],
-        "num_drafts": drafts,
-        "draft_tokens": drafted,
-        "accepted_tokens": accepted,
-        "acceptance_rate": 100.0 * accepted / drafted if drafted else 0.0,
-        "acceptance_length": 1.0 + accepted / drafts if drafts else 1.0,
-        "per_position_acceptance_rates": [p / drafts if drafts else 0.0 for p in per_pos],
-    }
+def _spec_summary(llm: Any, before: Any) -> dict[str, Any] | None:
+    """Acceptance of what ran since ``before`` (``bench serve``'s arithmetic), with K; None without drafts."""
+    from specserve.bench.serve import spec_decode_stats
+
+    k = llm.get_metrics()["num_speculative_tokens"]
+    stats = spec_decode_stats(before, _spec_counters(llm)) if k else None
+    return None if stats is None else {"num_speculative_tokens": k, **stats}
 
 
 def _print_spec(spec: dict[str, Any] | None) -> None:
@@ -181,7 +174,7 @@ def run_latency(args: argparse.Namespace) -> dict[str, Any]:
     latencies = np.array(
         [run_to_completion() for _ in _iters(args.num_iters, "Bench iterations", args.disable_tqdm)]
     )
-    spec = _spec_summary(before, _spec_counters(llm))
+    spec = _spec_summary(llm, before)
     percentiles = np.percentile(latencies, PERCENTAGES)
     print(f"Avg latency: {np.mean(latencies)} seconds")
     for percentage, percentile in zip(PERCENTAGES, percentiles):
@@ -235,7 +228,7 @@ def run_throughput(args: argparse.Namespace) -> dict[str, Any]:
     start = time.perf_counter()
     outs = llm.generate(prompts, params, use_tqdm=not args.disable_tqdm)
     elapsed = time.perf_counter() - start
-    spec = _spec_summary(before, _spec_counters(llm))
+    spec = _spec_summary(llm, before)
     prompt_tokens = sum(len(o.prompt_token_ids) for o in outs)
     output_tokens = sum(len(c.token_ids) for o in outs for c in o.outputs)
     total = prompt_tokens + output_tokens
