@@ -87,12 +87,20 @@ def test_chat_interactive_keeps_the_conversation(
     )
 
 
-def test_complete_quick_and_max_tokens(url: str, capsys: pytest.CaptureFixture[str]) -> None:
+def test_complete_quick_interactive_and_max_tokens(
+    url: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     rc, out, err = _cli(capsys, ["complete", "--url", f"{url}/v1", "-q", "The sky is", "--max-tokens", "5"])
     assert rc == 0, err
     client = openai_client(url)
     want = client.completions.create(model=NAME, prompt="The sky is", max_tokens=5).choices[0].text
     assert want and out == f"Using model: {NAME}\n{want}\n"
+    # interactively: one completion per line read, each on its own
+    monkeypatch.setattr("sys.stdin", io.StringIO("The sky is\nOnce upon\n"))
+    rc, out, err = _cli(capsys, ["complete", "--url", f"{url}/v1", "--max-tokens", "5"])
+    other = client.completions.create(model=NAME, prompt="Once upon", max_tokens=5).choices[0].text
+    assert rc == 0, err
+    assert out == f"Using model: {NAME}\nPlease enter prompt to complete:\n> {want}\n> {other}\n> "
 
 
 def test_errors_are_one_line(

@@ -88,10 +88,13 @@ def test_outputs_match_the_server(
     assert comp["choices"][0]["text"] == want_comp
 
 
-def test_stdout_output(tiny_llama_dir: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    inp = tmp_path / "in.jsonl"
-    inp.write_text(_req("only", "/v1/completions", COMP))
-    assert main(_argv(tiny_llama_dir, inp, "-")) == 0
+def test_stdin_to_stdout(
+    tiny_llama_dir: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import io
+
+    monkeypatch.setattr("sys.stdin", io.StringIO(_req("only", "/v1/completions", COMP)))
+    assert main(_argv(tiny_llama_dir, Path("-"), "-")) == 0
     out = capsys.readouterr().out
     (line,) = [json.loads(x) for x in out.splitlines()]
     assert line["custom_id"] == "only" and line["response"]["status_code"] == 200
