@@ -8,6 +8,8 @@ import json
 import logging
 import sys
 
+from specserve.errors import first_line
+
 
 def _die(msg: str) -> int:
     print(f"specserve: error: {msg}", file=sys.stderr)
@@ -103,7 +105,7 @@ def generate_main(argv: list[str]) -> int:
         else:
             outs = llm.generate(prompts, params, use_tqdm=many)
     except (ValueError, OSError, RuntimeError) as e:
-        return _die(str(e).splitlines()[0] if str(e) else type(e).__name__)
+        return _die(first_line(e))
     for prompt, out in zip(prompts, outs):
         comp = out.outputs[0]
         if args.json:

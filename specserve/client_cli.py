@@ -19,6 +19,9 @@ from typing import Any
 
 import httpx
 
+from specserve.errors import parse_exit_code
+from specserve.server.cli_args import OneLineArgumentParser
+
 DEFAULT_URL = "http://localhost:8000/v1"
 
 
@@ -26,13 +29,8 @@ class ClientError(Exception):
     """A server or connection error, as one line."""
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> Any:
-        self.exit(2, f"{self.prog}: error: {message}\n")
-
-
 def _parser(kind: str) -> argparse.ArgumentParser:
-    p = _Parser(
+    p = OneLineArgumentParser(
         prog=f"specserve {kind}",
         description=f"{'Chat with' if kind == 'chat' else 'Generate completions from'} a running server "
         "(vLLM-compatible).",
@@ -186,7 +184,7 @@ def main(kind: str, argv: list[str]) -> int:
     try:
         args = parser.parse_args(argv)
     except SystemExit as e:
-        return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
+        return parse_exit_code(e)
     if kind == "complete" and args.max_tokens is not None and args.max_tokens < 1:
         print(
             f"specserve complete: error: --max-tokens must be at least 1, got {args.max_tokens}",

@@ -1,4 +1,4 @@
-"""Errors with a parameter name, mapped to OpenAI-style 4xx bodies by the server."""
+"""Errors with a parameter name, mapped to OpenAI-style 4xx bodies by the server; the commands' one-line errors."""
 
 from __future__ import annotations
 
@@ -10,3 +10,19 @@ class RequestValidationError(ValueError):
         super().__init__(message)
         self.message = message
         self.param = param
+
+
+def first_line(e: BaseException) -> str:
+    """An exception as the one line a command prints (its type's name when it has no message)."""
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+def parse_exit_code(e: SystemExit) -> int:
+    """argparse's exit as a return code: --help 0, a bad flag 2 (its one-line message already printed)."""
+    return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
+
+
+def startup_exit_code(e: BaseException) -> int:
+    """A command that could not start: 2 for a bad argument or model (ValueError), 1 for the machine's errors."""
+    return 2 if isinstance(e, ValueError) else 1

@@ -20,6 +20,7 @@ import sys
 import uuid
 from typing import Any
 
+from specserve.errors import first_line, parse_exit_code, startup_exit_code
 from specserve.server.cli_args import (
     OneLineArgumentParser,
     add_engine_args,
@@ -156,7 +157,7 @@ def main(argv: list[str]) -> int:
         if args.max_concurrency < 1:
             parser.error(f"argument --max-concurrency: must be at least 1, got {args.max_concurrency}")
     except SystemExit as e:
-        return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
+        return parse_exit_code(e)
 
     def fail(msg: str, code: int) -> int:
         print(f"{PROG}: error: {msg}", file=sys.stderr)
@@ -175,17 +176,14 @@ def main(argv: list[str]) -> int:
         return fail(f"cannot read {args.input_file}: {e.strerror or e}", 2)
 
     from specserve.engine.async_engine import AsyncLLM
-    from specserve.server.api_server import DEMO_MODEL_NAME, build_app
+    from specserve.server.api_server import build_app, served_model_names
 
     try:
         engine = AsyncLLM(config)
-    except ValueError as e:
-        return fail(str(e).splitlines()[0] if str(e) else type(e).__name__, 2)
-    except (OSError, RuntimeError) as e:
-        return fail(str(e).splitlines()[0] if str(e) else type(e).__name__, 1)
+    except (ValueError, OSError, RuntimeError) as e:
+        return fail(first_line(e), startup_exit_code(e))
     try:
-        names = args.served_model_name or [args.model_tag if args.model_tag is not None else DEMO_MODEL_NAME]
-        app = build_app(engine, names, response_role=args.response_role)
+        app = build_app(engine, served_model_names(args), response_role=args.response_role)
         lines = asyncio.run(run_requests(app, requests, args.max_concurrency, progress=not args.disable_tqdm))
     finally:
         engine.shutdown()

@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from specserve.errors import first_line, parse_exit_code, startup_exit_code
 from specserve.server.cli_args import (
     OneLineArgumentParser,
     add_engine_args,
@@ -257,20 +258,13 @@ def _main(kind: str, argv: list[str]) -> int:
     parser = latency_parser() if kind == "latency" else throughput_parser()
     try:
         args = parse_engine_command(parser, argv)
-    except SystemExit as e:  # --help (0) or a bad flag (2, one line already printed)
-        return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
+    except SystemExit as e:  # --help or a bad flag
+        return parse_exit_code(e)
     try:
         results = run_latency(args) if kind == "latency" else run_throughput(args)
-    except ValueError as e:
-        print(
-            f"{parser.prog}: error: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr
-        )
-        return 2
-    except (OSError, RuntimeError) as e:
-        print(
-            f"{parser.prog}: error: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr
-        )
-        return 1
+    except (ValueError, OSError, RuntimeError) as e:
+        print(f"{parser.prog}: error: {first_line(e)}", file=sys.stderr)
+        return startup_exit_code(e)
     except KeyboardInterrupt:
         return 130
     if args.output_json:

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from specserve.bench.datasets import DATASET_NAMES, RemoteTokenizer, SampleRequest, get_samples
+from specserve.errors import parse_exit_code
 
 BACKENDS = ("openai", "vllm", "openai-chat")
 MILLISECONDS_TO_SECONDS_CONVERSION = 1000
@@ -829,7 +830,7 @@ def bench_main(argv: list[str]) -> int:
     try:
         args = parser.parse_args(argv)
     except SystemExit as e:
-        return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
+        return parse_exit_code(e)
     try:
         return _run(args)
     except (ValueError, OSError, RuntimeError) as e:

@@ -28,6 +28,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from specserve.errors import RequestValidationError as EngineValidationError
+from specserve.errors import first_line, parse_exit_code, startup_exit_code
 from specserve.outputs import Logprob, RequestOutput
 from specserve.sampling_params import SamplingParams, StructuredOutputsParams
 from specserve.server.metrics import CONTENT_TYPE_LATEST, RequestTimer, ServerMetrics
@@ -401,9 +402,10 @@ class OpenAIServing:
         logit_bias = None
         if req.logit_bias:
             try:  # as vLLM: token ids as strings, biases clamped to [-100, 100]
-                logit_bias = {int(t): min(100.0, max(-100.0, float(b))) for t, b in req.logit_bias.items()}
-                if not all(math.isfinite(float(b)) for b in req.logit_bias.values()):
+                biases = {int(t): float(b) for t, b in req.logit_bias.items()}
+                if not all(map(math.isfinite, biases.values())):
                     raise ValueError
+                logit_bias = {t: min(100.0, max(-100.0, b)) for t, b in biases.items()}
             except (TypeError, ValueError):
                 raise APIError(400, "logit_bias must map token ids to numbers.", "logit_bias") from None
         if req.prompt_logprobs is not None and req.stream:
@@ -1411,14 +1413,19 @@ def _load_chat_template(value: str | None) -> str | None:
     raise ValueError(f"--chat-template {value!r} is neither a file nor a Jinja template")
 
 
+def served_model_names(args: Any) -> list[str]:
+    """``--served-model-name``, else the ``--model`` given, else the demo's name."""
+    return args.served_model_name or [args.model_tag if args.model_tag is not None else DEMO_MODEL_NAME]
+
+
 def serve_main(argv: list[str]) -> int:
     """``specserve serve [MODEL] [flags]``: load the engine and serve until interrupted. Returns the exit code."""
     from specserve.server.cli_args import engine_config_from_args, parse_serve_args, print_error
 
     try:
         args = parse_serve_args(argv)
-    except SystemExit as e:  # argparse: --help (0) or a bad flag (2, message already printed)
-        return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
+    except SystemExit as e:  # argparse: --help or a bad flag
+        return parse_exit_code(e)
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(levelname)s %(asctime)s %(name)s: %(message)s")
     try:
@@ -1434,14 +1441,11 @@ def serve_main(argv: list[str]) -> int:
 
     try:
         engine = AsyncLLM(config)
-    except ValueError as e:
-        print_error(str(e).splitlines()[0] if str(e) else type(e).__name__)
-        return 2
-    except (OSError, RuntimeError) as e:
-        print_error(str(e).splitlines()[0] if str(e) else type(e).__name__)
-        return 1
+    except (ValueError, OSError, RuntimeError) as e:
+        print_error(first_line(e))
+        return startup_exit_code(e)
     try:
-        names = args.served_model_name or [args.model_tag if args.model_tag is not None else DEMO_MODEL_NAME]
+        names = served_model_names(args)
         tool_parser = args.tool_call_parser if args.enable_auto_tool_choice else None
         app = build_app(
             engine,

@@ -493,7 +493,6 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         "trust_remote_code": args.trust_remote_code,
         "generation_config": args.generation_config,
         "disable_log_stats": args.disable_log_stats,
-        "max_logprobs": getattr(args, "max_logprobs", 20),
     }
     optional = {
         "max_num_seqs": args.max_num_seqs,
@@ -504,6 +503,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         "num_gpu_blocks": args.num_gpu_blocks,
         "async_scheduling": args.async_scheduling,
         "async_spec": args.async_spec,
+        "max_logprobs": getattr(args, "max_logprobs", None),  # serve's flag only
     }
     kwargs.update({k: v for k, v in optional.items() if v is not None})
     if kwargs["speculative_config"] is None and args.model_tag is None and not args.no_speculation:

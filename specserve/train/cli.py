@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from specserve.errors import first_line
 from specserve.train.data import (
     GSM8K_SUFFIX_MODES,
     SELF_GRIDS,
@@ -41,6 +42,7 @@ from specserve.train.data import (
     token_counts,
 )
 from specserve.train.export import WEIGHT_FORMATS, export_drafter
+from specserve.train.losses import POSITION_WEIGHTS
 from specserve.train.models import (
     DFlashConfig,
     DFlashDrafter,
@@ -189,7 +191,7 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--gamma", type=float, default=None, help="DFlash loss decay (default 7 * block/16)")
     o.add_argument(
         "--position-weight",
-        choices=("decay", "prefix"),
+        choices=POSITION_WEIGHTS,
         default="decay",
         help="DFlash loss weight of block offset k: 'decay', exp(-(k-1)/gamma); 'prefix' (D-PACE-style), that "
         "times the drafter's detached probability of getting offsets 1..k-1 of the block right (the chance that "
@@ -898,8 +900,7 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as e:  # --help
         return int(e.code or 0) if not isinstance(e.code, str) else 2
     except (TrainError, FileNotFoundError) as e:
-        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
-        print(f"specserve train: error: {msg}", file=sys.stderr)
+        print(f"specserve train: error: {first_line(e)}", file=sys.stderr)
         return 2
     finally:
         import torch.distributed as dist

@@ -47,9 +47,7 @@ class TrainArgs:
     seed: int = 0
     num_anchors: int = 512
     gamma: float | None = None
-    position_weight: str = (
-        "decay"  # DFlash: "decay", or "prefix" (times the detached chance to reach the offset)
-    )
+    position_weight: str = "decay"  # DFlash: "decay" or "prefix" (losses.POSITION_WEIGHTS)
     ttt_steps: int = 7
     labels: str = "data"  # "data": the training tokens; "target": the target's greedy next tokens
     attn_backend: str = "auto"
