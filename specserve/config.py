@@ -12,6 +12,7 @@ from typing import Any
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM")
 SPEC_METHODS = ("dflash", "eagle3", "eagle", "draft_model", "ngram")
+TOKENIZER_MODES = ("auto", "hf", "slow")
 
 
 @dataclass
@@ -275,6 +276,17 @@ class EngineConfig:
     # on the device from N's output) before N's tokens reach the host; needs the fused step; None = on with CUDA
     # graphs (as async_scheduling), False = off
     async_spec: bool | None = None
+    # vLLM's --hf-overrides: keys merged (nested dicts recursively) over the target model's HF config (config.json,
+    # or the config of a GGUF) before the engine reads it; never the drafter's
+    hf_overrides: dict[str, Any] | None = None
+    # vLLM's --tokenizer-mode: auto / hf (the fast tokenizer) | slow (transformers' slow tokenizer, where one exists)
+    tokenizer_mode: str = "auto"
+    # vLLM's --max-cudagraph-capture-size: the most tokens a captured CUDA graph step may have (decode / verify steps:
+    # batch bucket x tokens per request; prefill: the token bucket); larger buckets run the same padded step
+    # eagerly. None = capture every bucket
+    max_cudagraph_capture_size: int | None = None
+    # vLLM's --scheduling-policy: fcfs (arrival order) | priority (request priority, lower first, then arrival)
+    scheduling_policy: str = "fcfs"
 
     def __post_init__(self) -> None:
         if self.dtype not in (
@@ -305,4 +317,21 @@ class EngineConfig:
             raise ValueError(f"num_gpu_blocks must be at least 1, got {self.num_gpu_blocks}.")
         if self.load_format not in ("auto", "dummy"):
             raise ValueError(f"load_format must be auto or dummy; got {self.load_format!r}.")
+        if self.hf_overrides is not None and (
+            not isinstance(self.hf_overrides, dict) or not all(isinstance(k, str) for k in self.hf_overrides)
+        ):
+            raise ValueError(
+                f"hf_overrides must be a dict with string keys (a JSON object), got {self.hf_overrides!r}."
+            )
+        if self.tokenizer_mode in ("mistral", "custom"):
+            raise ValueError(
+                f"tokenizer_mode {self.tokenizer_mode!r} is not supported (use auto, hf or slow)"
+            )
+        if self.tokenizer_mode not in TOKENIZER_MODES:
+            raise ValueError(f"tokenizer_mode must be one of auto, hf, slow; got {self.tokenizer_mode!r}.")
+        cap = self.max_cudagraph_capture_size
+        if cap is not None and (not isinstance(cap, int) or isinstance(cap, bool) or cap < 1):
+            raise ValueError(f"max_cudagraph_capture_size must be a positive integer, got {cap!r}.")
+        if self.scheduling_policy not in ("fcfs", "priority"):
+            raise ValueError(f"scheduling_policy must be fcfs or priority; got {self.scheduling_policy!r}.")
         self.speculative_config = SpeculativeConfig.from_any(self.speculative_config)

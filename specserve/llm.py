@@ -42,6 +42,7 @@ class LLM:
         revision: str | None = None,
         tokenizer_revision: str | None = None,
         download_dir: str | None = None,
+        scheduling_policy: str = "fcfs",
         **kwargs: Any,
     ) -> None:
         if kwargs:
@@ -73,6 +74,7 @@ class LLM:
             revision=revision,
             tokenizer_revision=tokenizer_revision,
             download_dir=download_dir,
+            scheduling_policy=scheduling_policy,
         )
         self.engine = LLMEngine(self.config)
 
@@ -95,7 +97,10 @@ class LLM:
         prompts: PromptType | Sequence[PromptType],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = False,
+        priority: list[int] | None = None,
     ) -> list[RequestOutput]:
+        """Outputs in input order. ``priority``: one per prompt (lower first), with scheduling_policy="priority"
+        (as vLLM's LLM.generate); a non-zero priority under fcfs is a ValueError."""
         batch: list[Any]
         if isinstance(prompts, (str, dict)) or (
             isinstance(prompts, list) and prompts and all(isinstance(t, int) for t in prompts)
@@ -112,13 +117,24 @@ class LLM:
             params_list = list(sampling_params)
             if len(params_list) != len(prompts):
                 raise ValueError("The lengths of prompts and sampling_params must be the same.")
+        if priority is None:
+            priorities = [0] * len(prompts)
+        else:
+            priorities = list(priority)
+            if len(priorities) != len(prompts):
+                raise ValueError("The lengths of prompts and priority must be the same.")
         # validate everything before adding anything, so a bad prompt does not leave others half-queued
+        for prio in priorities:
+            self.engine.check_priority(prio)
         tokenized = []
         for prompt, params in zip(prompts, params_list):
             text, toks = self.engine.tokenize_prompt(prompt)
             self.engine.validate(toks, params)
             tokenized.append({"prompt_token_ids": toks, "prompt": text})
-        ids = [self.engine.add_request(None, p, sp) for p, sp in zip(tokenized, params_list)]
+        ids = [
+            self.engine.add_request(None, p, sp, prio)
+            for p, sp, prio in zip(tokenized, params_list, priorities)
+        ]
         return self._run(ids, use_tqdm)
 
     def chat(

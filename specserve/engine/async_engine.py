@@ -85,9 +85,9 @@ class AsyncLLM:
                     except queue.Empty:
                         break
                     if cmd == "add":
-                        rid, prompt, params = arg
+                        rid, prompt, params, priority = arg
                         try:
-                            eng.add_request(rid, prompt, params)
+                            eng.add_request(rid, prompt, params, priority)
                         except Exception as e:  # noqa: BLE001 - reported to the caller
                             self._deliver(rid, e)
                     elif cmd == "abort":
@@ -114,11 +114,18 @@ class AsyncLLM:
         return self._dead is None and self._thread.is_alive()
 
     async def generate(
-        self, prompt: str | list[int] | dict[str, Any], params: SamplingParams, request_id: str
+        self,
+        prompt: str | list[int] | dict[str, Any],
+        params: SamplingParams,
+        request_id: str,
+        priority: int = 0,
     ) -> AsyncIterator[RequestOutput]:
+        """Stream a request's cumulative outputs. ``priority`` (lower first) needs scheduling_policy="priority";
+        a non-zero one under fcfs (or a non-int) raises ValueError before anything is queued."""
         if not self.is_running():
             raise EngineDeadError("the engine is not running")
         # validate here, in the caller, so errors surface before the first output
+        self.engine.check_priority(priority)
         _, ids = self.engine.tokenize_prompt(prompt)
         self.engine.validate(ids, params)
         loop = asyncio.get_running_loop()
@@ -131,6 +138,7 @@ class AsyncLLM:
                     request_id,
                     {"prompt_token_ids": ids, "prompt": prompt if isinstance(prompt, str) else None},
                     params,
+                    priority,
                 ),
             )
         )

@@ -149,7 +149,13 @@ class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
         import torch
 
-        from specserve.loading import config_only_checkpoint, load_tokenizer, resolve_checkpoint, speculators
+        from specserve.loading import (
+            apply_hf_overrides,
+            config_only_checkpoint,
+            load_tokenizer,
+            resolve_checkpoint,
+            speculators,
+        )
         from specserve.runner.model_runner import ModelRunner, resolve_device, resolve_dtype
 
         self.config = config
@@ -170,6 +176,8 @@ class LLMEngine:
         spec_raw = None if ckpt.gguf_file else speculators.read_config(ckpt.path)
         if spec_raw is not None:
             ckpt = _serve_speculator(config, ckpt.path, spec_raw)
+        # vLLM's --hf-overrides: the target's config (whatever its source), never the drafter's
+        ckpt = apply_hf_overrides(ckpt, config.hf_overrides)
         self.checkpoint = ckpt
         self.model_path = ckpt.path if not ckpt.gguf_file else f"{ckpt.path}/{ckpt.gguf_file}"
         self.tokenizer = load_tokenizer(
@@ -177,6 +185,7 @@ class LLMEngine:
             trust_remote_code=config.trust_remote_code,
             revision=config.tokenizer_revision if config.tokenizer else None,
             download_dir=config.download_dir,
+            tokenizer_mode=config.tokenizer_mode,
         )
         self._decode = fast_decoder(self.tokenizer)
         self.model_config = mc = ModelConfig.from_hf(ckpt.hf_config)
@@ -213,6 +222,7 @@ class LLMEngine:
             mnbt,
             max_len,
             num_lookahead_slots=self.num_spec + 1 if self.num_spec else 0,
+            policy=config.scheduling_policy,
         )
         # prefill chunks the runner's prefill graphs take run as steps of their own (see the scheduler)
         pg = self.runner.prefill_graphs
@@ -362,9 +372,25 @@ class LLMEngine:
             )
         return mt
 
+    def check_priority(self, priority: int) -> None:
+        """Raise ValueError unless ``priority`` is an int that the scheduling policy accepts (fcfs: only 0)."""
+        if not isinstance(priority, int) or isinstance(priority, bool):
+            raise ValueError(f"priority must be an integer, got {priority!r}.")
+        if priority != 0 and self.config.scheduling_policy != "priority":
+            raise ValueError(
+                f"Got priority {priority} but priority scheduling is not enabled (--scheduling-policy priority)."
+            )
+
     def add_request(
-        self, request_id: str | None, prompt: PromptType, params: SamplingParams | None = None
+        self,
+        request_id: str | None,
+        prompt: PromptType,
+        params: SamplingParams | None = None,
+        priority: int = 0,
     ) -> str:
+        """Queue a request (n > 1: one child per completion, each with ``priority``); returns its id. ``priority``
+        (lower first) needs ``scheduling_policy="priority"``; anything but 0 is a ValueError under fcfs."""
+        self.check_priority(priority)
         params = params.clone() if params is not None else SamplingParams()
         rid = request_id if request_id is not None else str(next(self.counter))
         if rid in self.parents:
@@ -390,6 +416,7 @@ class LLMEngine:
                 prompt=text,
                 parent_id=rid,
                 index=i,
+                priority=priority,
             )
             if grammar is not None:
                 from specserve.structured import GrammarMatcher

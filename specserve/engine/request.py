@@ -37,6 +37,7 @@ class Request:
     parent_id: str | None = None  # n > 1: the user-facing request id
     index: int = 0  # completion index within the parent
     arrival_time: float = field(default_factory=time.monotonic)
+    priority: int = 0  # scheduling_policy="priority": lower values are served first (ties: arrival_time)
     status: RequestStatus = RequestStatus.WAITING
     token_ids: list[int] = field(default_factory=list)  # prompt + output
     num_computed_tokens: int = 0  # positions whose target KV is in the cache

@@ -3,7 +3,10 @@
 Every step schedules, per request, the tokens whose KV is not yet computed (``token_ids[num_computed:]``)
 plus the drafts proposed for it in the previous step. Running requests go first (oldest first); when blocks
 run out, the newest running request is preempted (its blocks are freed and it is recomputed later). Waiting
-requests are admitted while the token budget, ``max_num_seqs`` and free blocks allow.
+requests are admitted while the token budget, ``max_num_seqs`` and free blocks allow. With ``policy="priority"``
+(vLLM's ``--scheduling-policy priority``) the waiting queue and the running list are kept sorted by
+``(priority, arrival_time)`` (lower value first; a preempted request keeps its arrival time), so the head is admitted
+first and the preemption victim is the lowest-priority running request; ``"fcfs"`` ignores priorities.
 
 ``prefill_alone`` (set by the engine when the runner has prefill CUDA graphs, i.e. up to that many tokens): a
 request's prefill chunk that fits the graphs runs as a step of its own instead of joining the decode batch, which
@@ -21,6 +24,24 @@ from specserve.engine.block_manager import BlockManager
 from specserve.engine.request import Request, RequestStatus
 
 PREFILL_ALONE_MAX_WAITING = 4
+SCHEDULING_POLICIES = ("fcfs", "priority")
+
+
+def _priority_key(req: Request) -> tuple[int, float]:
+    return (req.priority, req.arrival_time)
+
+
+def _insert_sorted(queue: deque[Request] | list[Request], req: Request, before_equal: bool) -> None:
+    """Insert req into queue (sorted by priority, then arrival) after the requests with the same key, or before
+    them with ``before_equal``; scans from the back, where new arrivals go."""
+    key = _priority_key(req)
+    i = len(queue)
+    while i > 0:
+        k = _priority_key(queue[i - 1])
+        if k < key or (k == key and not before_equal):
+            break
+        i -= 1
+    queue.insert(i, req)
 
 
 @dataclass
@@ -60,7 +81,12 @@ class Scheduler:
         max_num_batched_tokens: int,
         max_model_len: int,
         num_lookahead_slots: int = 0,
+        policy: str = "fcfs",
     ) -> None:
+        if policy not in SCHEDULING_POLICIES:
+            raise ValueError(
+                f"scheduling policy must be one of {', '.join(SCHEDULING_POLICIES)}; got {policy!r}."
+            )
         self.bm = block_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -71,9 +97,14 @@ class Scheduler:
         self.running: list[Request] = []
         self.num_preemptions = 0
         self.prefill_alone = 0  # see the module docstring (0: off)
+        self.policy = policy
+        self.by_priority = policy == "priority"  # waiting and running sorted by (priority, arrival_time)
 
     def add(self, req: Request) -> None:
-        self.waiting.append(req)
+        if self.by_priority:
+            _insert_sorted(self.waiting, req, before_equal=False)
+        else:
+            self.waiting.append(req)
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
@@ -88,7 +119,10 @@ class Scheduler:
         req.spec_token_ids = []
         req.num_preemptions += 1
         self.num_preemptions += 1
-        self.waiting.appendleft(req)
+        if self.by_priority:  # ahead of the waiting requests of its priority that arrived after it
+            _insert_sorted(self.waiting, req, before_equal=True)
+        else:
+            self.waiting.appendleft(req)
 
     def _admit(self, budget: int) -> ScheduledRequest | None:
         """Admit the first waiting request with up to ``budget`` of its tokens (prefix-cache hits first), or
@@ -108,7 +142,10 @@ class Scheduler:
             return None
         self.waiting.popleft()
         req.status = RequestStatus.RUNNING
-        self.running.append(req)
+        if self.by_priority:  # running.pop() (the preemption victim) stays the lowest-priority request
+            _insert_sorted(self.running, req, before_equal=False)
+        else:
+            self.running.append(req)
         return ScheduledRequest(req, n, [])
 
     def _schedule_prefill_alone(self) -> SchedulerOutput | None:

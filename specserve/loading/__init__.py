@@ -2,6 +2,7 @@
 
 from specserve.loading.checkpoint import (
     Checkpoint,
+    apply_hf_overrides,
     config_only_checkpoint,
     load_tokenizer,
     resolve_checkpoint,
@@ -10,6 +11,7 @@ from specserve.loading.demo import demo_target_path, specserve_cache_dir
 
 __all__ = [
     "Checkpoint",
+    "apply_hf_overrides",
     "config_only_checkpoint",
     "resolve_checkpoint",
     "load_tokenizer",

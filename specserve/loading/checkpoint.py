@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import glob
 import json
+import logging
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,6 +17,8 @@ import torch
 
 from specserve.loading.demo import demo_target_path, specserve_cache_dir
 from specserve.loading.gguf_loader import iter_gguf_weights, load_gguf_config, load_gguf_tokenizer
+
+logger = logging.getLogger(__name__)
 
 _META_PATTERNS = ["*.json", "*.jinja", "tokenizer*", "*.model", "*.tiktoken", "merges.txt", "vocab.txt"]
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
@@ -228,22 +233,104 @@ def _gguf_cache() -> Any:
     return specserve_cache_dir() / "gguf"
 
 
+# --------------------------------------------------------------------------------------------- hf_overrides
+def merge_overrides(base: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """``base`` with ``overrides`` merged over it: a dict value merged key by key (recursively) into a dict it
+    replaces, anything else replacing outright. Neither argument is modified."""
+    out = copy.deepcopy(dict(base))
+    for key, value in overrides.items():
+        old = out.get(key)
+        if isinstance(value, Mapping) and isinstance(old, Mapping):
+            out[key] = merge_overrides(old, value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def _fold_rope_overrides(merged: dict[str, Any], overrides: Mapping[str, Any]) -> None:
+    """transformers 5 keeps rope_theta and the scaling in ``rope_parameters`` (which wins over a ``rope_theta``
+    key): fold vLLM-style ``rope_theta`` / ``rope_scaling`` overrides into it, so they are not silently ignored."""
+    params = merged.get("rope_parameters")
+    if not isinstance(params, dict) or "rope_parameters" in overrides:
+        return
+    if "rope_scaling" in overrides:
+        scaling = merged.pop("rope_scaling")
+        theta = params.get("rope_theta")
+        if scaling is None:  # back to plain rotary embeddings
+            params = {"rope_type": "default"}
+        else:
+            scaling = dict(scaling)
+            if "type" in scaling:
+                scaling.setdefault("rope_type", scaling.pop("type"))
+            kind = scaling.get("rope_type", params.get("rope_type", "default"))
+            # merged over the current scaling; another rope_type replaces it (its keys would be stale)
+            params = (
+                merge_overrides(params, scaling) if kind == params.get("rope_type", "default") else scaling
+            )
+        if theta is not None:
+            params["rope_theta"] = theta
+    if "rope_theta" in overrides:
+        params = {**params, "rope_theta": merged.pop("rope_theta")}
+    merged["rope_parameters"] = params
+
+
+def override_hf_config(hf_config: Any, overrides: Mapping[str, Any]) -> Any:
+    """A new HF config: ``hf_config``'s fields with ``overrides`` merged over them (``merge_overrides``), built by
+    its own class as if config.json held the merged values (so transformers' own normalisation applies)."""
+    merged = merge_overrides(hf_config.to_dict(), overrides)
+    _fold_rope_overrides(merged, overrides)
+    try:
+        new = type(hf_config).from_dict(merged)
+    except Exception as e:
+        raise ValueError(
+            f"hf_overrides {dict(overrides)!r} do not give a valid {type(hf_config).__name__}: {_one_line(e)}"
+        ) from None
+    name = getattr(hf_config, "_name_or_path", None)
+    if name:
+        new._name_or_path = name
+    return new
+
+
+def apply_hf_overrides(ckpt: Checkpoint, overrides: Mapping[str, Any] | None) -> Checkpoint:
+    """vLLM's ``--hf-overrides`` for the target: ``ckpt`` with its HF config overridden (the checkpoint itself when
+    there is nothing to override). Every target source goes through here once resolved (HF directory, hub id,
+    GGUF, ``load_format="dummy"``); drafters never do."""
+    if not overrides:
+        return ckpt
+    logger.info(
+        "hf_overrides: %s of %s's config overridden",
+        ", ".join(f"{k}={v!r}" for k, v in overrides.items()),
+        ckpt.gguf_path or ckpt.path,
+    )
+    return dataclasses.replace(ckpt, hf_config=override_hf_config(ckpt.hf_config, overrides))
+
+
 def load_tokenizer(
     source: str | Checkpoint | None,
     *,
     trust_remote_code: bool = False,
     revision: str | None = None,
     download_dir: str | None = None,
+    tokenizer_mode: str = "auto",
 ) -> Any:
     """A transformers tokenizer for a checkpoint, a local dir / .gguf, an HF hub id, or None (the demo target).
 
-    GGUF tokenizers are converted once and cached under ``specserve_cache_dir()/gguf``."""
+    GGUF tokenizers are converted once and cached under ``specserve_cache_dir()/gguf``. ``tokenizer_mode`` (vLLM's
+    --tokenizer-mode): ``auto`` / ``hf`` what transformers builds (the fast tokenizer), ``slow`` its slow (Python /
+    sentencepiece) tokenizer, a ValueError where there is none (GGUF sources, tokenizers only transformers' fast
+    backend implements)."""
     from transformers import AutoTokenizer
 
+    from specserve.config import TOKENIZER_MODES
+
+    if tokenizer_mode not in TOKENIZER_MODES:
+        raise ValueError(f"tokenizer_mode {tokenizer_mode!r} is not supported (use auto, hf or slow)")
+    slow = tokenizer_mode == "slow"
     if source is None:
         source = demo_target_path()
     if isinstance(source, Checkpoint):
         if source.gguf_path:
+            _no_slow_gguf(slow, source.gguf_path)
             return load_gguf_tokenizer(source.gguf_path, _gguf_cache())
         path = source.path
     else:
@@ -261,8 +348,29 @@ def load_tokenizer(
             os.path.isfile(os.path.join(path, f)) for f in ("tokenizer.json", "tokenizer_config.json")
         )
         if gg is not None and not (os.path.isdir(path) and has_tok):
+            _no_slow_gguf(slow, os.path.join(*gg))
             return load_gguf_tokenizer(os.path.join(*gg), _gguf_cache())
     try:
-        return AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+        if not slow:
+            return AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+        tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code, use_fast=False)
     except (OSError, ValueError, TypeError) as e:
         raise ValueError(f"Cannot load a tokenizer from '{path}': {_one_line(e)}") from None
+    if getattr(tok, "is_fast", False):
+        # transformers 5 ignores use_fast=False: its Llama / Qwen / Mistral tokenizers exist only as fast ones
+        import transformers
+
+        raise ValueError(
+            f"tokenizer_mode 'slow': '{path}' has no slow tokenizer (transformers {transformers.__version__} builds "
+            f"{type(tok).__name__}, a fast tokenizer, and has no slow (Python / sentencepiece) class for it); "
+            "use tokenizer_mode 'auto'."
+        )
+    return tok
+
+
+def _no_slow_gguf(slow: bool, gguf: str) -> None:
+    if slow:
+        raise ValueError(
+            f"tokenizer_mode 'slow' does not apply to the GGUF '{gguf}': its tokenizer is built from the GGUF "
+            "metadata as a fast tokenizer. Use tokenizer_mode 'auto', or pass a tokenizer directory."
+        )

@@ -3,7 +3,9 @@
 ``fn(b)`` must read only static buffers (sliced to the bucket size ``b``) and return tensors; each bucket is
 captured once (largest first, one shared memory pool) and replayed after the caller has copied the real
 inputs into the buffers. Without CUDA (or with capture off) the same padded path simply runs eagerly, which
-is how CPU tests check that the graph path computes what the eager path does.
+is how CPU tests check that the graph path computes what the eager path does. ``max_cudagraph_capture_size``
+(vLLM's) limits capture to the buckets of at most that many tokens (``captured_buckets``); the others run the
+same padded step eagerly.
 
 ``PaddedBatch`` holds the static inputs of a padded batch (tokens, positions, slots, seq lens, optional
 per-request ints, block tables) and refreshes them with numpy writes into one (pinned) staging buffer plus a
@@ -12,9 +14,11 @@ single host-to-device copy.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Iterator
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -29,6 +33,34 @@ def batch_buckets(max_batch: int) -> list[int]:
     return sorted(set(out))
 
 
+def captured_buckets(buckets: Collection[int], tokens_per_bucket: int, max_tokens: int | None) -> list[int]:
+    """The buckets a CUDA graph captures under vLLM's ``max_cudagraph_capture_size`` (``max_tokens``): those whose
+    step has at most ``max_tokens`` tokens, bucket b of a step of ``tokens_per_bucket`` tokens per request having
+    ``b * tokens_per_bucket`` (a prefill token bucket t: ``tokens_per_bucket`` 1). None: every bucket."""
+    if max_tokens is None:
+        return sorted(buckets)
+    return [b for b in sorted(buckets) if b * tokens_per_bucket <= max_tokens]
+
+
+# (max_tokens, tokens_per_bucket) for the BucketedGraphs built inside ``capture_limit``; None: capture every bucket
+_CAPTURE_LIMIT: contextvars.ContextVar[tuple[int | None, int] | None] = contextvars.ContextVar(
+    "specserve_capture_limit", default=None
+)
+
+
+@contextlib.contextmanager
+def capture_limit(max_tokens: int | None, tokens_per_bucket: int) -> Iterator[None]:
+    """Within it, a BucketedGraphs built without ``capture_only`` captures ``captured_buckets(its buckets,
+    tokens_per_bucket, max_tokens)``. The runner wraps each step's graphs in it with the step's target q (the
+    target's, its sampling graphs', the drafter's), so a step is either captured whole or runs eagerly whole, and
+    the graphs that read another graph's static outputs (``.outputs[b]``) are captured exactly where it is."""
+    token = _CAPTURE_LIMIT.set((max_tokens, tokens_per_bucket))
+    try:
+        yield
+    finally:
+        _CAPTURE_LIMIT.reset(token)
+
+
 class BucketedGraphs:
     def __init__(
         self,
@@ -39,16 +71,32 @@ class BucketedGraphs:
         capture: bool,
         pool: Any = None,
         prepare: Callable[[int], None] | None = None,
+        capture_only: Collection[int] | None = None,
     ) -> None:
         """``prepare(b)``, when given, puts the static buffers in a harmless state for bucket b (e.g. an empty
-        padded batch: no KV writes) before its warm-up runs and capture."""
+        padded batch: no KV writes) before its warm-up runs and capture. ``capture_only``: the buckets to capture
+        (default: the enclosing ``capture_limit``'s, else all); ``run`` answers the others with ``fn(b)``."""
         self.name, self.fn, self.buckets = name, fn, sorted(buckets)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, Any] = {}
         self.pool = pool
+        if capture_only is None:
+            limit = _CAPTURE_LIMIT.get()
+            capture_only = (
+                self.buckets if limit is None else captured_buckets(self.buckets, limit[1], limit[0])
+            )
+        wanted = set(capture_only)
+        # buckets that run eagerly although graphs are captured (over max_cudagraph_capture_size)
+        self.eager_buckets = [b for b in self.buckets if b not in wanted]
         if capture and device.type == "cuda":
             t0 = time.perf_counter()
+            for b in reversed(self.eager_buckets):  # once, so their first real step compiles no kernels
+                if prepare is not None:
+                    prepare(b)
+                fn(b)
             for b in reversed(self.buckets):
+                if b not in wanted:
+                    continue
                 if prepare is not None:
                     prepare(b)
                 s = torch.cuda.Stream(device)
@@ -64,11 +112,13 @@ class BucketedGraphs:
                     self.pool = g.pool()
                 self.graphs[b], self.outputs[b] = g, out
             torch.cuda.synchronize(device)
+            eager = self.eager_buckets
             logger.info(
-                "captured %d CUDA graphs for %s (buckets %s) in %.2fs",
+                "captured %d CUDA graphs for %s (buckets %s%s) in %.2fs",
                 len(self.graphs),
                 name,
-                self.buckets,
+                sorted(self.graphs),
+                f"; {len(eager)} more run eagerly: {eager}" if eager else "",
                 time.perf_counter() - t0,
             )
 

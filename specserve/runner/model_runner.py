@@ -30,7 +30,7 @@ from specserve.layers.sampler import (
     sort_free_graphs_on,
 )
 from specserve.models.llama import DecoderLM
-from specserve.runner.cuda_graphs import BucketedGraphs, PaddedBatch, batch_buckets
+from specserve.runner.cuda_graphs import BucketedGraphs, PaddedBatch, batch_buckets, capture_limit
 from specserve.spec.proposer import DraftInput, Proposer
 from specserve.spec.rejection import greedy_verify, rejection_sample, sample_verify
 
@@ -385,16 +385,18 @@ class ModelRunner:
         if spec and self.proposer is not None:
             layers, heads, hd = spec
             dshape = (num_blocks, self.block_size, heads, hd)
-            self.proposer.bind_kv_caches(
-                [
-                    (
-                        torch.zeros(dshape, dtype=self.dtype, device=self.device),
-                        torch.zeros(dshape, dtype=self.dtype, device=self.device),
-                    )
-                    for _ in range(layers)
-                ],
-                self.block_size,
-            )
+            # the drafter's graphs (built here) serve speculative steps: captured as the q = K+1 verify step's
+            with capture_limit(self.config.max_cudagraph_capture_size, self.num_speculative_tokens + 1):
+                self.proposer.bind_kv_caches(
+                    [
+                        (
+                            torch.zeros(dshape, dtype=self.dtype, device=self.device),
+                            torch.zeros(dshape, dtype=self.dtype, device=self.device),
+                        )
+                        for _ in range(layers)
+                    ],
+                    self.block_size,
+                )
         self.num_blocks = num_blocks
         self._setup_uniform_path()
         logger.info(
@@ -425,7 +427,7 @@ class ModelRunner:
         capture = self.device.type == "cuda" and not cfg.enforce_eager
         if capture and self.backend.name != "triton":
             raise ValueError("CUDA graphs need the triton attention backend (or pass enforce_eager=True).")
-        max_b, dev = cfg.max_num_seqs, self.device
+        max_b, dev, limit = cfg.max_num_seqs, self.device, cfg.max_cudagraph_capture_size
         self.padded: dict[int, PaddedBatch] = {}
         self._greedy_host: dict[int, torch.Tensor] = {}
         self._d2h_done = torch.cuda.Event() if dev.type == "cuda" else None
@@ -452,27 +454,32 @@ class ModelRunner:
             def prepare(b: int, buf: PaddedBatch = buf) -> None:
                 buf.fill(b, [], self.block_size)
 
-            self.graphs[q] = BucketedGraphs(
-                f"target q_len={q}", fn, batch_buckets(max_b), dev, capture, pool, prepare=prepare
-            )
-            pool = self.graphs[q].pool
-            self.sample_graphs[q] = self._sampling_graphs(q, capture, pool)
-            if sort_free_graphs_on(dev):
-                self.sort_free_graphs[q] = self._sampling_graphs(
-                    q, capture, pool, use_triton=True, searches=False
+            # max_cudagraph_capture_size: a bucket's graphs (target, sampling) are captured when its b*q tokens fit
+            with capture_limit(limit, q):
+                self.graphs[q] = BucketedGraphs(
+                    f"target q_len={q}", fn, batch_buckets(max_b), dev, capture, pool, prepare=prepare
                 )
-        self._setup_prefill_graphs(capture, pool)
+                pool = self.graphs[q].pool
+                self.sample_graphs[q] = self._sampling_graphs(q, capture, pool)
+                if sort_free_graphs_on(dev):
+                    self.sort_free_graphs[q] = self._sampling_graphs(
+                        q, capture, pool, use_triton=True, searches=False
+                    )
+        with capture_limit(limit, 1):  # a prefill bucket of t tokens
+            self._setup_prefill_graphs(capture, pool)
         # the fused step: the drafter's half of a greedy verify step as a second graph on the same buffers
         k = self.num_speculative_tokens
         if k and self.proposer is not None:
-            self.use_fused_step = self.proposer.setup_fused_step(self.graphs[k + 1], self.padded[k + 1])
+            with capture_limit(limit, k + 1):  # captured exactly where the q = K+1 target graph is
+                self.use_fused_step = self.proposer.setup_fused_step(self.graphs[k + 1], self.padded[k + 1])
         # plain steps while drafting is off (disable_when_slower / disable_by_batch_size) feed the drafter's
         # context from a graph after the target's, so they pipeline as plain decoding does (launch_decode)
-        self.use_context_step = (
-            bool(k)
-            and self.proposer is not None
-            and self.proposer.setup_context_step(self.graphs[1], self.padded[1])
-        )
+        with capture_limit(limit, 1):  # captured exactly where the q = 1 target graph is
+            self.use_context_step = (
+                bool(k)
+                and self.proposer is not None
+                and self.proposer.setup_context_step(self.graphs[1], self.padded[1])
+            )
         # the step's single device-to-host copy lands here (pinned, so it can be asynchronous), by row width
         widths = {2, k + 2} | ({2 * k + 2} if self.use_fused_step else set())
         for w in widths:
