@@ -8,6 +8,7 @@ The engine steps in its own thread (``AsyncLLM``); this layer only tokenizes, en
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import math
 import os
@@ -219,6 +220,41 @@ def _renamed_error(exc: BaseException, names: dict[str, str]) -> APIError:
     return APIError(err.status, message, param, err.err_type)
 
 
+@functools.lru_cache(maxsize=32)
+def template_content_format(template: str) -> str:
+    """vLLM's ``--chat-template-content-format auto``: ``openai`` when the Jinja template loops over a message's
+    content (``for part in message['content']``, directly or through a variable set from it; the template then
+    expects a list of parts), else ``string``."""
+    import jinja2
+    from jinja2 import nodes
+
+    env = jinja2.Environment(extensions=["jinja2.ext.loopcontrols", "jinja2.ext.do"])
+    try:
+        tree = env.parse(template)
+    except jinja2.TemplateError:
+        return "string"
+
+    def is_content(node: nodes.Node) -> bool:
+        if isinstance(node, nodes.Getattr):
+            return node.attr == "content"
+        if isinstance(node, nodes.Getitem):
+            return isinstance(node.arg, nodes.Const) and node.arg.value == "content"
+        return False
+
+    names = {
+        a.target.name
+        for a in tree.find_all(nodes.Assign)
+        if isinstance(a.target, nodes.Name) and is_content(a.node)
+    }
+    for loop in tree.find_all(nodes.For):
+        it = loop.iter
+        while isinstance(it, nodes.Filter) and it.node is not None:  # content | selectattr(...)
+            it = it.node
+        if is_content(it) or (isinstance(it, nodes.Name) and it.name in names):
+            return "openai"
+    return "string"
+
+
 class APIKeyMiddleware:
     """Require ``Authorization: Bearer <key>`` on ``/v1/*`` (pure ASGI, so streaming is untouched)."""
 
@@ -281,7 +317,15 @@ class OpenAIServing:
         response_role: str = "assistant",
         max_logprobs: int = 20,
         generation_overrides: dict[str, Any] | None = None,
+        return_tokens_as_token_ids: bool = False,
+        enable_prompt_tokens_details: bool = False,
+        enable_force_include_usage: bool = False,
+        chat_template_content_format: str = "auto",
     ) -> None:
+        if chat_template_content_format not in ("auto", "string", "openai"):
+            raise ValueError(
+                f"chat_template_content_format must be auto, string or openai; got {chat_template_content_format!r}"
+            )
         self.engine = engine
         self.served_model_names = served_model_names
         self.metrics = metrics
@@ -293,6 +337,10 @@ class OpenAIServing:
         self.response_role = response_role  # --response-role
         self.max_logprobs = max_logprobs  # --max-logprobs (-1: up to the vocabulary size)
         self.generation_overrides = dict(generation_overrides or {})  # --override-generation-config
+        self.return_tokens_as_token_ids = return_tokens_as_token_ids  # --return-tokens-as-token-ids
+        self.enable_prompt_tokens_details = enable_prompt_tokens_details  # --enable-prompt-tokens-details
+        self.enable_force_include_usage = enable_force_include_usage  # --enable-force-include-usage
+        self.chat_template_content_format = chat_template_content_format  # --chat-template-content-format
         self._background: set[asyncio.Task[Any]] = set()
 
     # ------------------------------------------------------------------ helpers
@@ -462,6 +510,11 @@ class OpenAIServing:
         chat_template_kwargs: dict[str, Any] | None = None,
         tools: list[dict[str, Any]] | None = None,
     ) -> str:
+        template = chat_template or self.chat_template
+        fmt = self.chat_template_content_format
+        if fmt == "auto":
+            source = template if template is not None else getattr(self.tokenizer, "chat_template", None)
+            fmt = template_content_format(source) if isinstance(source, str) else "string"
         conv: list[dict[str, Any]] = []
         for i, m in enumerate(messages):
             if not isinstance(m.get("role"), str):
@@ -482,7 +535,11 @@ class OpenAIServing:
                         raise APIError(
                             400, f"messages[{i}]: content part of type {kind!r} is not supported.", "messages"
                         )
-                msg["content"] = "\n".join(texts)
+                msg["content"] = (
+                    "\n".join(texts) if fmt == "string" else [{"type": "text", "text": t} for t in texts]
+                )
+            elif isinstance(content, str) and fmt == "openai":
+                msg["content"] = [{"type": "text", "text": content}]
             elif content is not None and not isinstance(content, str):
                 raise APIError(
                     400, f"messages[{i}]: 'content' must be a string or a list of parts.", "messages"
@@ -495,7 +552,6 @@ class OpenAIServing:
                 "continue_final_message",
             )
         kwargs: dict[str, Any] = dict(chat_template_kwargs or {})
-        template = chat_template or self.chat_template
         if template is not None:
             kwargs["chat_template"] = template
         if tools:
@@ -518,6 +574,27 @@ class OpenAIServing:
 
     def encode(self, text: str, add_special_tokens: bool) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
+
+    def truncate(self, ids: list[int], req: CompletionRequest | ChatCompletionRequest) -> list[int]:
+        """vLLM's truncate_prompt_tokens: keep the prompt's last N tokens (-1: max_model_len)."""
+        n = req.truncate_prompt_tokens
+        if n is None:
+            return ids
+        max_len = int(self.engine.max_model_len)
+        if n == -1:
+            n = max_len
+        if n == 0:
+            raise APIError(
+                400, "truncate_prompt_tokens must be -1 or at least 1, got 0.", "truncate_prompt_tokens"
+            )
+        if n > max_len:
+            raise APIError(
+                400,
+                f"truncate_prompt_tokens value ({n}) is greater than max_model_len ({max_len}). "
+                "Please request a smaller truncation size.",
+                "truncate_prompt_tokens",
+            )
+        return ids[-n:]
 
     def _decoded(self, token_id: int, lp: Logprob) -> str:
         if lp.decoded_token is not None:
@@ -545,14 +622,17 @@ class OpenAIServing:
         if any(not g.finished for g in gens):
             self._spawn(self._abort_all(list(gens)))
 
-    async def start(self, prompts: list[list[int]], params: SamplingParams, base_id: str) -> list[_Gen]:
+    async def start(
+        self, prompts: list[list[int]], params: SamplingParams, base_id: str, priority: int = 0
+    ) -> list[_Gen]:
         """Submit every prompt and wait for each first output, so validation errors surface as 4xx before any
-        byte of a stream is sent."""
+        byte of a stream is sent. ``priority``: the request's, for --scheduling-policy priority."""
         gens: list[_Gen] = []
+        extra = {"priority": priority} if priority else {}
         for i, ids in enumerate(prompts):
             rid = base_id if len(prompts) == 1 else f"{base_id}-{i}"
             p = params if len(prompts) == 1 else params.clone()
-            gens.append(_Gen(rid, self.engine.generate(ids, p, rid).__aiter__()))
+            gens.append(_Gen(rid, self.engine.generate(ids, p, rid, **extra).__aiter__()))
         try:
             results = await asyncio.gather(*(g.it.__anext__() for g in gens), return_exceptions=True)
         except BaseException:
@@ -667,10 +747,25 @@ class OpenAIServing:
             self.cleanup(gens)
 
     # ------------------------------------------------------------------ logprobs
+    def as_token_ids(self, req: CompletionRequest | ChatCompletionRequest) -> bool:
+        """Logprobs name tokens as ``token_id:N``: the request's return_tokens_as_token_ids, else the server's."""
+        flag = getattr(req, "return_tokens_as_token_ids", None)
+        return self.return_tokens_as_token_ids if flag is None else bool(flag)
+
+    def _token_name(self, token_id: int, lp: Logprob | None, as_ids: bool) -> str:
+        if as_ids:
+            return f"token_id:{token_id}"
+        return self._decoded(token_id, lp) if lp is not None else self.tokenizer.decode([token_id])
+
     def completion_logprobs(
-        self, token_ids: list[int], logprobs: Sequence[dict[int, Logprob] | None], text_offset: int
+        self,
+        token_ids: list[int],
+        logprobs: Sequence[dict[int, Logprob] | None],
+        text_offset: int,
+        as_ids: bool = False,
     ) -> CompletionLogProbs:
-        """A completion's logprobs; a None step (an echoed prompt's first token) has none, as in vLLM."""
+        """A completion's logprobs; a None step (an echoed prompt's first token) has none, as in vLLM. With
+        ``as_ids`` tokens are named ``token_id:N`` (text offsets still count the decoded text)."""
         # built as lists and passed in: a stream chunk is dumped with exclude_unset, which drops fields only
         # mutated in place
         tokens: list[str] = []
@@ -680,39 +775,47 @@ class OpenAIServing:
         offset = text_offset
         for tid, step in zip(token_ids, logprobs):
             chosen = step.get(tid) if step else None
-            token = self._decoded(tid, chosen) if chosen is not None else self.tokenizer.decode([tid])
-            tokens.append(token)
+            text = self._token_name(tid, chosen, False)
+            tokens.append(self._token_name(tid, chosen, True) if as_ids else text)
             token_logprobs.append(max(chosen.logprob, -9999.0) if chosen is not None else None)
             top_logprobs.append(
-                {self._decoded(t, lp): max(lp.logprob, -9999.0) for t, lp in step.items()} if step else None
+                {self._token_name(t, lp, as_ids): max(lp.logprob, -9999.0) for t, lp in step.items()}
+                if step
+                else None
             )
             text_offsets.append(offset)
-            offset += len(token)
+            offset += len(text)
         return CompletionLogProbs(
             text_offset=text_offsets, token_logprobs=token_logprobs, tokens=tokens, top_logprobs=top_logprobs
         )
 
     def chat_logprobs(
-        self, token_ids: list[int], logprobs: list[dict[int, Logprob]], top_logprobs: int
+        self,
+        token_ids: list[int],
+        logprobs: list[dict[int, Logprob]],
+        top_logprobs: int,
+        as_ids: bool = False,
     ) -> ChatCompletionLogProbs:
+        """A chat choice's logprobs; with ``as_ids`` tokens are named ``token_id:N`` and ``bytes`` stay the
+        decoded text's."""
         content = []
         for tid, step in zip(token_ids, logprobs):
             chosen = step.get(tid)
-            token = self._decoded(tid, chosen) if chosen is not None else self.tokenizer.decode([tid])
+            text = self._token_name(tid, chosen, False)
             ranked = sorted(step.items(), key=lambda kv: kv[1].rank if kv[1].rank is not None else 1 << 30)
             top = [
                 ChatCompletionLogProb(
-                    token=(s := self._decoded(t, lp)),
+                    token=self._token_name(t, lp, as_ids),
                     logprob=max(lp.logprob, -9999.0),
-                    bytes=list(s.encode("utf-8", errors="replace")),
+                    bytes=list(self._token_name(t, lp, False).encode("utf-8", errors="replace")),
                 )
                 for t, lp in ranked[:top_logprobs]
             ]
             content.append(
                 ChatCompletionLogProbsContent(
-                    token=token,
+                    token=self._token_name(tid, chosen, True) if as_ids else text,
                     logprob=max(chosen.logprob, -9999.0) if chosen is not None else -9999.0,
-                    bytes=list(token.encode("utf-8", errors="replace")),
+                    bytes=list(text.encode("utf-8", errors="replace")),
                     top_logprobs=top,
                 )
             )
@@ -751,14 +854,18 @@ class OpenAIServing:
         timer = self.metrics.timer()
         model = self.check_model(req.model)
         prompts, texts = self.completion_prompts(req)
+        if req.truncate_prompt_tokens is not None:  # echo then shows the prompt the model saw
+            prompts = [self.truncate(p, req) for p in prompts]
+            texts = [None] * len(prompts)
         params = self.build_params(req, req.max_tokens, req.logprobs)
         # echo with logprobs (lm-eval's loglikelihood requests): the echoed prompt carries its tokens' logprobs
         echo_lp = bool(req.echo) and req.logprobs is not None
+        as_ids = self.as_token_ids(req)
         if echo_lp:
             params.prompt_logprobs = max(req.logprobs or 0, req.prompt_logprobs or 0)
         request_id = f"cmpl-{random_uuid()}"
         created = now()
-        gens = await self.start(prompts, params, request_id)
+        gens = await self.start(prompts, params, request_id, req.priority)
         if req.echo:
             texts = [t if t is not None else self.tokenizer.decode(p) for t, p in zip(texts, prompts)]
         echo = [t or "" for t in texts] if req.echo else [""] * len(prompts)
@@ -771,16 +878,19 @@ class OpenAIServing:
         if finals is None:
             return Response(status_code=499)
         choices = []
-        prompt_tokens = completion_tokens = 0
+        prompt_tokens = completion_tokens = cached = 0
         for pi, final in enumerate(finals):
             prompt_tokens += len(final.prompt_token_ids)
+            cached += final.num_cached_tokens
             for o in final.outputs:
                 completion_tokens += len(o.token_ids)
                 lp = None
                 if params.logprobs is not None and o.logprobs is not None:
-                    lp = self.completion_logprobs(o.token_ids, o.logprobs, len(echo[pi]))
+                    lp = self.completion_logprobs(o.token_ids, o.logprobs, len(echo[pi]), as_ids)
                     if echo_lp and final.prompt_logprobs is not None:
-                        head = self.completion_logprobs(final.prompt_token_ids, final.prompt_logprobs, 0)
+                        head = self.completion_logprobs(
+                            final.prompt_token_ids, final.prompt_logprobs, 0, as_ids
+                        )
                         for f in ("tokens", "token_logprobs", "top_logprobs", "text_offset"):
                             setattr(lp, f, getattr(head, f) + getattr(lp, f))
                 choices.append(
@@ -795,11 +905,7 @@ class OpenAIServing:
                         else None,
                     )
                 )
-        usage = UsageInfo(
-            prompt_tokens=prompt_tokens,
-            completion_tokens=completion_tokens,
-            total_tokens=prompt_tokens + completion_tokens,
-        )
+        usage = self.usage_info(prompt_tokens, completion_tokens, cached)
         resp = CompletionResponse(id=request_id, created=created, model=model, choices=choices, usage=usage)
         return JSONResponse(resp.model_dump())
 
@@ -815,16 +921,18 @@ class OpenAIServing:
         timer: RequestTimer,
     ) -> AsyncIterator[str]:
         n = params.n
-        include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        continuous = bool(req.stream_options and req.stream_options.continuous_usage_stats)
+        include_usage, continuous = self.usage_flags(req)
+        as_ids = self.as_token_ids(req)
         prev_text = [[0] * n for _ in gens]
         prev_toks = [[0] * n for _ in gens]
         sent_echo = [[False] * n for _ in gens]
         done = [[False] * n for _ in gens]
         prompt_lens = [0] * len(gens)
+        cached = [0] * len(gens)
         try:
             async for pi, out in self._merged(gens, timer):
                 prompt_lens[pi] = len(out.prompt_token_ids)
+                cached[pi] = out.num_cached_tokens
                 for o in out.outputs:
                     i = o.index
                     if done[pi][i]:
@@ -836,14 +944,19 @@ class OpenAIServing:
                     lp = None
                     if params.logprobs is not None and o.logprobs is not None:
                         lp = self.completion_logprobs(
-                            new_ids, o.logprobs[prev_toks[pi][i] :], len(echo[pi]) + prev_text[pi][i]
+                            new_ids,
+                            o.logprobs[prev_toks[pi][i] :],
+                            len(echo[pi]) + prev_text[pi][i],
+                            as_ids,
                         )
                     if not sent_echo[pi][i]:
                         delta = echo[pi] + delta
                         sent_echo[pi][i] = True
                         if lp is not None and req.echo and out.prompt_logprobs is not None:
                             # as vLLM: the echoed prompt's tokens and logprobs lead the first chunk
-                            head = self.completion_logprobs(out.prompt_token_ids, out.prompt_logprobs, 0)
+                            head = self.completion_logprobs(
+                                out.prompt_token_ids, out.prompt_logprobs, 0, as_ids
+                            )
                             for f in ("tokens", "token_logprobs", "top_logprobs", "text_offset"):
                                 setattr(lp, f, getattr(head, f) + getattr(lp, f))
                     prev_text[pi][i] = len(o.text)
@@ -865,7 +978,7 @@ class OpenAIServing:
                         ],
                     )
                     if continuous:
-                        chunk.usage = self._usage(prompt_lens, prev_toks)
+                        chunk.usage = self._usage(prompt_lens, prev_toks, cached)
                     yield _sse(chunk.model_dump_json(exclude_unset=True))
             self._finish_timer(gens, timer)
             if include_usage:
@@ -874,7 +987,7 @@ class OpenAIServing:
                     created=created,
                     model=model,
                     choices=[],
-                    usage=self._usage(prompt_lens, prev_toks),
+                    usage=self._usage(prompt_lens, prev_toks, cached),
                 )
                 yield _sse(chunk.model_dump_json(exclude_unset=True, exclude_none=False))
             yield _sse("[DONE]")
@@ -884,11 +997,29 @@ class OpenAIServing:
         finally:
             self.cleanup(gens)
 
-    @staticmethod
-    def _usage(prompt_lens: list[int], toks: list[list[int]]) -> UsageInfo:
-        p = sum(prompt_lens)
-        c = sum(sum(t) for t in toks)
-        return UsageInfo(prompt_tokens=p, completion_tokens=c, total_tokens=p + c)
+    def _usage(self, prompt_lens: list[int], toks: list[list[int]], cached: list[int]) -> UsageInfo:
+        return self.usage_info(sum(prompt_lens), sum(sum(t) for t in toks), sum(cached))
+
+    def usage_info(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> UsageInfo:
+        """A response's usage; with --enable-prompt-tokens-details also the prompt tokens the prefix cache
+        served (``prompt_tokens_details.cached_tokens``)."""
+        usage = UsageInfo(
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            total_tokens=prompt_tokens + completion_tokens,
+        )
+        if self.enable_prompt_tokens_details:
+            usage.prompt_tokens_details = {"cached_tokens": cached_tokens}
+        return usage
+
+    def usage_flags(self, req: CompletionRequest | ChatCompletionRequest) -> tuple[bool, bool]:
+        """(a final usage chunk, usage in every chunk) for a stream, as vLLM: stream_options.include_usage or
+        --enable-force-include-usage; continuous_usage_stats only with the final one."""
+        so = req.stream_options
+        if so is None:
+            return self.enable_force_include_usage, False
+        include = bool(so.include_usage) or self.enable_force_include_usage
+        return include, include and bool(so.continuous_usage_stats)
 
     # ------------------------------------------------------------------ /v1/chat/completions
     def chat_inputs(
@@ -904,7 +1035,7 @@ class OpenAIServing:
             chat_template_kwargs=req.chat_template_kwargs,
             tools=req.tools,
         )
-        prompt_ids = self.encode(text, req.add_special_tokens)
+        prompt_ids = self.truncate(self.encode(text, req.add_special_tokens), req)
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         if max_tokens is None:
             max_tokens = self._defaults().get("max_tokens")
@@ -954,7 +1085,7 @@ class OpenAIServing:
         top_n = params.logprobs
         request_id = f"chatcmpl-{random_uuid()}"
         created = now()
-        gens = await self.start([prompt_ids], params, request_id)
+        gens = await self.start([prompt_ids], params, request_id, req.priority)
         if req.stream:
             return StreamingResponse(
                 self.chat_stream(
@@ -982,7 +1113,7 @@ class OpenAIServing:
             completion_tokens += len(o.token_ids)
             lp = None
             if top_n is not None and o.logprobs is not None:
-                lp = self.chat_logprobs(o.token_ids, o.logprobs, top_n)
+                lp = self.chat_logprobs(o.token_ids, o.logprobs, top_n, self.as_token_ids(req))
             message = ChatMessage(role=role, content=o.text)
             finish_reason = o.finish_reason
             if self.reasoning_parser is not None:
@@ -1008,10 +1139,7 @@ class OpenAIServing:
                     stop_reason=o.stop_reason,
                 )
             )
-        p = len(final.prompt_token_ids)
-        usage = UsageInfo(
-            prompt_tokens=p, completion_tokens=completion_tokens, total_tokens=p + completion_tokens
-        )
+        usage = self.usage_info(len(final.prompt_token_ids), completion_tokens, final.num_cached_tokens)
         resp = ChatCompletionResponse(
             id=request_id,
             created=created,
@@ -1047,17 +1175,18 @@ class OpenAIServing:
             [ReasoningStream(reasoning_parser) for _ in range(n)] if reasoning_parser else None
         )
         tools_called = [False] * n
-        include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        continuous = bool(req.stream_options and req.stream_options.continuous_usage_stats)
+        include_usage, continuous = self.usage_flags(req)
+        as_ids = self.as_token_ids(req)
         top_n = params.logprobs
         prev_text = [0] * n
         prev_toks = [0] * n
         done = [False] * n
-        prompt_len = 0
+        prompt_len = cached = 0
         first = True
         try:
             async for _, out in self._merged(gens, timer):
                 prompt_len = len(out.prompt_token_ids)
+                cached = out.num_cached_tokens
                 if first:
                     first = False
                     for i in range(n):
@@ -1075,9 +1204,7 @@ class OpenAIServing:
                             ],
                         )
                         if continuous:
-                            chunk.usage = UsageInfo(
-                                prompt_tokens=prompt_len, completion_tokens=0, total_tokens=prompt_len
-                            )
+                            chunk.usage = self.usage_info(prompt_len, 0, cached)
                         yield _sse(chunk.model_dump_json(exclude_unset=True))
                 for o in out.outputs:
                     i = o.index
@@ -1089,7 +1216,7 @@ class OpenAIServing:
                         continue
                     lp = None
                     if top_n is not None and o.logprobs is not None:
-                        lp = self.chat_logprobs(new_ids, o.logprobs[prev_toks[i] :], top_n)
+                        lp = self.chat_logprobs(new_ids, o.logprobs[prev_toks[i] :], top_n, as_ids)
                     prev_text[i] = len(o.text)
                     prev_toks[i] = len(o.token_ids)
                     finished = o.finish_reason is not None
@@ -1134,22 +1261,16 @@ class OpenAIServing:
                         id=request_id, created=created, model=model, choices=[choice]
                     )
                     if continuous:
-                        c = sum(prev_toks)
-                        chunk.usage = UsageInfo(
-                            prompt_tokens=prompt_len, completion_tokens=c, total_tokens=prompt_len + c
-                        )
+                        chunk.usage = self.usage_info(prompt_len, sum(prev_toks), cached)
                     yield _sse(chunk.model_dump_json(exclude_unset=True))
             self._finish_timer(gens, timer)
             if include_usage:
-                c = sum(prev_toks)
                 chunk = ChatCompletionStreamResponse(
                     id=request_id,
                     created=created,
                     model=model,
                     choices=[],
-                    usage=UsageInfo(
-                        prompt_tokens=prompt_len, completion_tokens=c, total_tokens=prompt_len + c
-                    ),
+                    usage=self.usage_info(prompt_len, sum(prev_toks), cached),
                 )
                 yield _sse(chunk.model_dump_json(exclude_unset=True))
             yield _sse("[DONE]")
@@ -1263,6 +1384,11 @@ def build_app(
     allowed_methods: Sequence[str] = ("*",),
     allowed_headers: Sequence[str] = ("*",),
     allow_credentials: bool = False,
+    return_tokens_as_token_ids: bool = False,
+    enable_prompt_tokens_details: bool = False,
+    enable_force_include_usage: bool = False,
+    chat_template_content_format: str = "auto",
+    disable_fastapi_docs: bool = False,
 ) -> FastAPI:
     """The FastAPI app over ``engine`` (an ``AsyncLLM`` or anything with its interface); ``tool_parser`` (one of
     ``tool_parsers.TOOL_PARSERS``) parses tool calls out of chat outputs when a request gives tools;
@@ -1292,9 +1418,16 @@ def build_app(
         response_role=response_role,
         max_logprobs=max_logprobs,
         generation_overrides=generation_overrides,
+        return_tokens_as_token_ids=return_tokens_as_token_ids,
+        enable_prompt_tokens_details=enable_prompt_tokens_details,
+        enable_force_include_usage=enable_force_include_usage,
+        chat_template_content_format=chat_template_content_format,
     )
 
-    app = FastAPI(title="specserve", version=__version__)
+    if disable_fastapi_docs:  # --disable-fastapi-docs: no /docs, /redoc or /openapi.json
+        app = FastAPI(title="specserve", version=__version__, openapi_url=None, docs_url=None, redoc_url=None)
+    else:
+        app = FastAPI(title="specserve", version=__version__)
     app.state.engine = engine
     app.state.serving = serving
     app.state.metrics = metrics
@@ -1461,14 +1594,21 @@ def serve_main(argv: list[str]) -> int:
             allowed_methods=args.allowed_methods,
             allowed_headers=args.allowed_headers,
             allow_credentials=args.allow_credentials,
+            return_tokens_as_token_ids=args.return_tokens_as_token_ids,
+            enable_prompt_tokens_details=args.enable_prompt_tokens_details,
+            enable_force_include_usage=args.enable_force_include_usage,
+            chat_template_content_format=args.chat_template_content_format,
+            disable_fastapi_docs=args.disable_fastapi_docs,
         )
         host = args.host if args.host is not None else "0.0.0.0"
-        logger.info("Starting specserve API server on http://%s:%d (model %s)", host, args.port, names[0])
+        where = f"unix:{args.uds}" if args.uds else f"http://{host}:{args.port}"
+        logger.info("Starting specserve API server on %s (model %s)", where, names[0])
         server = uvicorn.Server(
             uvicorn.Config(
                 app,
                 host=host,
                 port=args.port,
+                uds=args.uds,  # --uds: a Unix domain socket instead of host / port
                 log_level=args.uvicorn_log_level,
                 access_log=not args.disable_uvicorn_access_log,
                 timeout_keep_alive=5,

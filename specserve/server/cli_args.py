@@ -22,7 +22,7 @@ from specserve.server.tool_parsers import TOOL_PARSERS
 logger = logging.getLogger(__name__)
 
 PROG = "specserve serve"
-_SPEC_PREFIX = "--speculative-config."
+_DOTTED = {"--speculative-config.": "speculative_config", "--compilation-config.": "compilation_config"}
 _HUMAN_INT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmMgG]?)\s*$")
 _DECIMAL = {"k": 10**3, "m": 10**6, "g": 10**9}
 _BINARY = {"K": 2**10, "M": 2**20, "G": 2**30}
@@ -113,6 +113,46 @@ def parse_generation_overrides(value: str) -> dict[str, Any]:
     except (ValueError, TypeError) as e:
         raise argparse.ArgumentTypeError(str(e)) from None
     return out
+
+
+def _json_object(value: str) -> dict[str, Any]:
+    """A JSON object flag (``--hf-overrides``)."""
+    try:
+        data = json.loads(value)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"invalid JSON {value!r}: {e.msg} (at char {e.pos})") from None
+    if not isinstance(data, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {value!r}")
+    return data
+
+
+CUDAGRAPH_MODES = ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
+# compilation_config keys with an effect here; vLLM's others (its torch.compile passes) are accepted and ignored
+_COMPILATION_KEYS = (
+    "cudagraph_mode",
+    "cudagraph_capture_sizes",
+    "max_cudagraph_capture_size",
+    "mode",
+    "level",
+)
+
+
+def parse_compilation_config(value: str) -> dict[str, Any]:
+    """``--compilation-config`` / ``-cc``: vLLM's JSON object, or a bare integer (its older form: the level)."""
+    v = value.strip()
+    if re.fullmatch(r"-?\d+", v):
+        return {"mode": int(v)}
+    return _json_object(value)
+
+
+def _non_negative_float(value: str) -> float:
+    try:
+        f = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid float value: {value!r}") from None
+    if not f >= 0.0:
+        raise argparse.ArgumentTypeError(f"must be at least 0, got {value}")
+    return f
 
 
 def _positive_int(value: str) -> int:
@@ -220,6 +260,33 @@ def make_arg_parser() -> OneLineArgumentParser:
     )  # vLLM compat, no-op
     g.add_argument("--enable-log-requests", action="store_true", help=argparse.SUPPRESS)  # vLLM compat, no-op
     g.add_argument("--disable-frontend-multiprocessing", action="store_true", help=argparse.SUPPRESS)  # no-op
+    g.add_argument("--uds", default=None, help="Serve on this Unix domain socket instead of --host / --port.")
+    g.add_argument(
+        "--api-server-count", type=_positive_int, default=1, help="API server processes (specserve runs one)."
+    )
+    g.add_argument(
+        "--return-tokens-as-token-ids",
+        action="store_true",
+        help="Logprobs name tokens as 'token_id:N' (a request's return_tokens_as_token_ids overrides it).",
+    )
+    g.add_argument(
+        "--enable-prompt-tokens-details",
+        action="store_true",
+        help="usage.prompt_tokens_details.cached_tokens: the prompt tokens the prefix cache served.",
+    )
+    g.add_argument(
+        "--enable-force-include-usage",
+        action="store_true",
+        help="Streams end with a usage chunk even when the request's stream_options does not ask for one.",
+    )
+    g.add_argument("--disable-fastapi-docs", action="store_true", help="No /docs, /redoc or /openapi.json.")
+    g.add_argument(
+        "--chat-template-content-format",
+        default="auto",
+        choices=["auto", "string", "openai"],
+        help="How message content reaches the chat template: string (text parts joined), openai (the list of "
+        "parts), auto (openai when the template loops over a message's content, else string).",
+    )
 
     add_engine_args(p)
     add_speculative_args(p)
@@ -230,6 +297,21 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     """vLLM's engine flags (``serve``, ``bench latency``, ``bench throughput``)."""
     e = p.add_argument_group("engine")
     e.add_argument("--tokenizer", default=None, help="Tokenizer path/id (default: the model's).")
+    e.add_argument(
+        "--tokenizer-mode",
+        default="auto",
+        choices=["auto", "hf", "slow", "mistral", "custom"],
+        help="auto / hf: the fast tokenizer; slow: transformers' slow (Python) tokenizer.",
+    )
+    e.add_argument(
+        "--config-format", default="auto", choices=["auto", "hf", "mistral"], help="auto / hf: config.json."
+    )
+    e.add_argument(
+        "--hf-overrides",
+        type=_json_object,
+        default=None,
+        help="JSON merged over the model's HF config, e.g. '{\"max_position_embeddings\": 65536}'.",
+    )
     e.add_argument("--revision", default=None, help="Hub ids: the model's branch, tag or commit.")
     e.add_argument(
         "--tokenizer-revision", default=None, help="Hub ids: the --tokenizer's branch, tag or commit."
@@ -288,7 +370,40 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         help=argparse.SUPPRESS,
     )
     e.add_argument("--trust-remote-code", action="store_true")
+    e.add_argument(
+        "--scheduling-policy",
+        default="fcfs",
+        choices=["fcfs", "priority"],
+        help="fcfs: arrival order; priority: by each request's priority (lower first), then arrival.",
+    )
     e.add_argument("--enforce-eager", action="store_true", help="Disable CUDA graphs.")
+    e.add_argument(
+        "--compilation-config",
+        "-cc",
+        type=parse_compilation_config,
+        default=None,
+        help='vLLM\'s JSON: "cudagraph_mode" ("NONE": no CUDA graphs), "cudagraph_capture_sizes" / '
+        '"max_cudagraph_capture_size" (steps of more tokens run the same step eagerly); its torch.compile keys are '
+        "ignored (specserve does not compile). Also --compilation-config.KEY VALUE.",
+    )
+    e.add_argument(
+        "-O",
+        "--optimization-level",
+        dest="optimization_level",
+        type=int,
+        default=None,
+        choices=[0, 1, 2, 3],
+        help="vLLM's -O0..-O3: 0 turns CUDA graphs off (as --enforce-eager); 1-3 keep them.",
+    )
+    e.add_argument(
+        "--max-cudagraph-capture-size",
+        type=_positive_int,
+        default=None,
+        help="Largest step (in tokens) captured as a CUDA graph; larger steps run eagerly (default: all).",
+    )
+    e.add_argument(
+        "--cuda-graph-sizes", type=_positive_int, nargs="+", default=None, help=argparse.SUPPRESS
+    )  # older vLLM: the capture sizes (their largest bounds the captured steps)
     e.add_argument(
         "--async-scheduling",
         action=argparse.BooleanOptionalAction,
@@ -337,6 +452,8 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     e.add_argument("--disable-log-stats", action="store_true", help="Turn off the periodic stats log.")
     e.add_argument("--tensor-parallel-size", "-tp", type=int, default=1, help=argparse.SUPPRESS)
     e.add_argument("--pipeline-parallel-size", "-pp", type=int, default=1, help=argparse.SUPPRESS)
+    e.add_argument("--data-parallel-size", "-dp", type=int, default=1, help=argparse.SUPPRESS)
+    e.add_argument("--cpu-offload-gb", type=_non_negative_float, default=0.0, help=argparse.SUPPRESS)
     # vLLM compat, no-ops: CPU swap space, CUDA-graph capture length, multi-GPU all-reduce
     e.add_argument("--swap-space", type=float, default=None, help=argparse.SUPPRESS)
     e.add_argument("--max-seq-len-to-capture", type=int, default=None, help=argparse.SUPPRESS)
@@ -367,29 +484,34 @@ def _coerce_json_scalar(value: str) -> Any:
         return value
 
 
-def preprocess_argv(argv: list[str]) -> tuple[list[str], dict[str, Any]]:
-    """Normalize ``--foo_bar`` to ``--foo-bar`` and pull out ``--speculative-config.KEY VALUE`` pairs."""
+def preprocess_argv(argv: list[str]) -> tuple[list[str], dict[str, dict[str, Any]]]:
+    """Normalize ``--foo_bar`` to ``--foo-bar`` and pull out the dotted JSON keys: ``--speculative-config.KEY
+    VALUE`` (``-sc.KEY``) and ``--compilation-config.KEY VALUE`` (``-cc.KEY``), returned per flag's dest."""
     out: list[str] = []
-    dotted: dict[str, Any] = {}
+    dotted: dict[str, dict[str, Any]] = {}
     i = 0
     while i < len(argv):
         arg = argv[i]
         if arg == "--":
             out.extend(argv[i:])
             break
+        if arg.startswith(("-sc.", "-cc.")):
+            arg = ("--speculative-config" if arg.startswith("-sc") else "--compilation-config") + arg[3:]
         if arg.startswith("--"):
             name, eq, val = arg.partition("=")
             head, dot, rest = name.partition(".")
             name = head.replace("_", "-") + dot + rest
-            if name.startswith(_SPEC_PREFIX):
-                key = name[len(_SPEC_PREFIX) :]
+            prefix = next((p for p in _DOTTED if name.startswith(p)), None)
+            if prefix is not None:
+                key = name[len(prefix) :]
+                into = dotted.setdefault(_DOTTED[prefix], {})
                 if eq:
-                    dotted[key] = _coerce_json_scalar(val)
+                    into[key] = _coerce_json_scalar(val)
                 elif i + 1 < len(argv):
-                    dotted[key] = _coerce_json_scalar(argv[i + 1])
+                    into[key] = _coerce_json_scalar(argv[i + 1])
                     i += 1
                 else:
-                    dotted[key] = True
+                    into[key] = True
                 i += 1
                 continue
             arg = name + eq + val
@@ -413,6 +535,8 @@ def parse_serve_args(argv: list[str]) -> argparse.Namespace:
     for flag, path in (("--ssl-keyfile", args.ssl_keyfile), ("--ssl-certfile", args.ssl_certfile)):
         if path is not None and not os.path.isfile(path):
             parser.error(f"argument {flag}: no such file {path!r}")
+    if args.api_server_count != 1:
+        parser.error(f"--api-server-count {args.api_server_count}: specserve runs one API server (use 1)")
     if not 0 < args.port < 65536:
         parser.error(f"argument --port: must be in 1..65535, got {args.port}")
     if args.api_key is None:
@@ -425,8 +549,10 @@ def parse_engine_command(parser: argparse.ArgumentParser, argv: list[str]) -> ar
     ``bench throughput``, ``run-batch``): ``--speculative-config.KEY VALUE`` merged, the engine checks run."""
     argv, dotted = preprocess_argv(list(argv))
     args = parser.parse_args(argv)
-    if dotted:
-        args.speculative_config = {**(args.speculative_config or {}), **dotted}
+    for dest, pairs in dotted.items():
+        if not hasattr(args, dest):
+            parser.error(f"unrecognized arguments: --{dest.replace('_', '-')}.{next(iter(pairs))}")
+        setattr(args, dest, {**(getattr(args, dest) or {}), **pairs})
     check_engine_args(parser, args)
     return args
 
@@ -445,6 +571,19 @@ def check_engine_args(parser: argparse.ArgumentParser, args: argparse.Namespace)
     ):
         if size != 1:
             parser.error(f"{flag} {size}: specserve runs on one device (use 1)")
+    if args.data_parallel_size != 1:
+        parser.error(f"--data-parallel-size {args.data_parallel_size}: specserve runs one engine (use 1)")
+    if args.cpu_offload_gb > 0:
+        parser.error(
+            f"--cpu-offload-gb {args.cpu_offload_gb:g}: specserve keeps all weights on the device (use 0)"
+        )
+    if args.tokenizer_mode in ("mistral", "custom"):
+        parser.error(f"--tokenizer-mode {args.tokenizer_mode}: not supported (use auto, hf or slow)")
+    if args.config_format == "mistral":
+        parser.error(
+            "--config-format mistral: not supported (specserve reads HF config.json; use auto or hf)"
+        )
+    _resolve_cudagraph_args(parser, args)
     if args.kv_cache_dtype != "auto":
         parser.error(
             f"--kv-cache-dtype {args.kv_cache_dtype}: the KV cache has the model's dtype (only 'auto' is supported)"
@@ -469,6 +608,49 @@ def check_engine_args(parser: argparse.ArgumentParser, args: argparse.Namespace)
             parser.error(f"argument --speculative-config/-sc: {e}")
 
 
+def _resolve_cudagraph_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """``--compilation-config`` / ``-O`` / ``--max-cudagraph-capture-size`` / ``--cuda-graph-sizes`` -> the
+    engine's two knobs: ``args.enforce_eager`` (cudagraph_mode NONE, -O0) and ``args.max_cudagraph_capture_size``
+    (the largest captured step in tokens: the explicit flag, else the largest of the capture sizes)."""
+    cc = dict(args.compilation_config or {})
+    ignored = sorted(k for k in cc if k not in _COMPILATION_KEYS)
+    if ignored:
+        logger.warning(
+            "--compilation-config: %s ignored (specserve captures whole steps as CUDA graphs and compiles nothing)",
+            ", ".join(ignored),
+        )
+    mode = cc.get("cudagraph_mode")
+    if mode is not None:
+        if not isinstance(mode, str) or mode.upper() not in CUDAGRAPH_MODES:
+            parser.error(
+                f"--compilation-config: cudagraph_mode {mode!r} is not one of {', '.join(CUDAGRAPH_MODES)}"
+            )
+        if mode.upper() == "NONE":
+            args.enforce_eager = True
+    elif args.optimization_level == 0:  # vLLM's -O0: no CUDA graphs (an explicit cudagraph_mode wins)
+        args.enforce_eager = True
+    sizes = cc.get("cudagraph_capture_sizes")
+    if sizes is not None:
+        if (
+            not isinstance(sizes, list)
+            or not sizes
+            or not all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in sizes)
+        ):
+            parser.error(
+                f"--compilation-config: cudagraph_capture_sizes must be a list of positive ints, got {sizes!r}"
+            )
+    elif args.cuda_graph_sizes is not None:
+        sizes = list(args.cuda_graph_sizes)
+    cap = cc.get("max_cudagraph_capture_size")
+    if cap is not None and (not isinstance(cap, int) or isinstance(cap, bool) or cap < 1):
+        parser.error(f"--compilation-config: max_cudagraph_capture_size must be a positive int, got {cap!r}")
+    if args.max_cudagraph_capture_size is not None:
+        cap = args.max_cudagraph_capture_size
+    elif cap is None and sizes:
+        cap = max(sizes)
+    args.max_cudagraph_capture_size = cap
+
+
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
     """Build the ``EngineConfig``; raises ValueError (with the field named) on impossible values."""
     if getattr(args, "enable_auto_tool_choice", False) and args.tool_call_parser is None:
@@ -491,6 +673,9 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         "enforce_eager": args.enforce_eager,
         "load_format": args.load_format,
         "trust_remote_code": args.trust_remote_code,
+        "tokenizer_mode": args.tokenizer_mode,
+        "hf_overrides": args.hf_overrides,
+        "scheduling_policy": args.scheduling_policy,
         "generation_config": args.generation_config,
         "disable_log_stats": args.disable_log_stats,
     }
@@ -503,6 +688,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         "num_gpu_blocks": args.num_gpu_blocks,
         "async_scheduling": args.async_scheduling,
         "async_spec": args.async_spec,
+        "max_cudagraph_capture_size": args.max_cudagraph_capture_size,
         "max_logprobs": getattr(args, "max_logprobs", None),  # serve's flag only
     }
     kwargs.update({k: v for k, v in optional.items() if v is not None})

@@ -114,6 +114,11 @@ class _RequestBase(BaseModel):
     bad_words: list[str] | None = None
     prompt_logprobs: int | None = None  # vLLM: the prompt tokens' logprobs in the response (not with stream)
     user: str | None = None
+    # vLLM's extras: --scheduling-policy priority's order (lower first); keep only the prompt's last N tokens
+    # (-1: max_model_len); logprobs' tokens as "token_id:N" (None: --return-tokens-as-token-ids)
+    priority: int = 0
+    truncate_prompt_tokens: int | None = Field(default=None, ge=-1)
+    return_tokens_as_token_ids: bool | None = None
     # structured outputs: OpenAI's response_format, vLLM's structured_outputs and its older guided_* fields
     response_format: dict[str, Any] | None = None
     structured_outputs: dict[str, Any] | None = None
