@@ -537,6 +537,29 @@ def test_draft_model_lossless(k, tiny_qwen3_dir, tiny2_qwen3_dir, baseline):
 
 
 @pytest.mark.parametrize("padded", [False, True])
+def test_requests_ending_at_prefill_stay_in_the_prefix_cache(padded, tiny_qwen3_dir, baseline):
+    """A request that ends in its prefill's step (max_tokens=1) leaves its full blocks in the prefix cache (no
+    later step registers them), with the draft model's KV in them valid: the same prompts again hit every whole
+    block but the last token's, and the target drafting for itself still has every draft accepted."""
+    spec = {"method": "draft_model", "model": tiny_qwen3_dir, "num_speculative_tokens": 3}
+    llm = _spec_llm(tiny_qwen3_dir, spec, padded_decode=padded)
+    one = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
+    first = llm.generate(PROMPTS, one)
+    assert [o.outputs[0].token_ids for o in first] == [b[:1] for b in baseline]
+    assert [o.num_cached_tokens for o in first] == [0] * len(PROMPTS)
+    bs = llm.config.block_size
+    whole = [(len(o.prompt_token_ids) - 1) // bs * bs for o in first]
+    assert sum(whole) >= 2 * bs  # the prompts span whole blocks, so the check below can fail
+    sp = SamplingParams(temperature=0, max_tokens=N, ignore_eos=True)
+    again = llm.generate(PROMPTS, sp)
+    assert [o.num_cached_tokens for o in again] == whole
+    assert [o.outputs[0].token_ids for o in again] == baseline
+    m = llm.get_metrics()
+    assert 0 < m["spec_decode_num_accepted_tokens"] == m["spec_decode_num_draft_tokens"]
+    assert m["num_free_blocks"] == m["num_gpu_blocks"]
+
+
+@pytest.mark.parametrize("padded", [False, True])
 def test_draft_model_self_draft_accepts_everything(padded, tiny_qwen3_dir, baseline):
     """The target as its own draft model (float32): every draft is the target's greedy token, so every draft is
     accepted. This holds only if the draft model's paged cache follows the committed sequence exactly: through

@@ -714,6 +714,9 @@ class LLMEngine:
         self._append_tokens(req, tokens, logprobs)
         touched.add(req.parent_id or req.request_id)
         if req.is_finished:
+            # its full blocks stay in the prefix cache once freed: also those of a request that ends in the step
+            # of its (last) prefill chunk, e.g. max_tokens=1, which no later step registers
+            self.block_manager.cache_full_blocks(req)
             self.scheduler.finish(req, req.status)
             self.request_success[req.status.value] = self.request_success.get(req.status.value, 0) + 1
             return False
