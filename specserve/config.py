@@ -7,6 +7,7 @@ unknown keys and impossible values with a message naming the key.
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -233,6 +234,65 @@ def infer_method(model: str | None) -> str:
     if "eagle" in low:
         return "eagle"
     return "draft_model"
+
+
+CUDAGRAPH_MODES = ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
+# vLLM compilation_config keys with an effect here; its others (torch.compile passes) are accepted and ignored
+COMPILATION_KEYS = (
+    "cudagraph_mode",
+    "cudagraph_capture_sizes",
+    "max_cudagraph_capture_size",
+    "mode",
+    "level",
+)
+
+
+def _positive(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x > 0
+
+
+def resolve_cudagraphs(
+    compilation_config: dict[str, Any] | int | None,
+    *,
+    optimization_level: int | None = None,
+    max_capture_size: int | None = None,
+    capture_sizes: list[int] | None = None,
+) -> tuple[bool, int | None]:
+    """vLLM's graph settings -> (no CUDA graphs, ``max_cudagraph_capture_size``). ``compilation_config`` (a dict,
+    or an int: its level): ``cudagraph_mode`` "NONE" turns graphs off (any other mode keeps specserve's whole-step
+    graphs), as does ``optimization_level`` 0 (-O0) unless a mode is given; the cap is ``max_capture_size`` (the
+    flag), else the config's ``max_cudagraph_capture_size``, else the largest of its ``cudagraph_capture_sizes`` (or
+    ``capture_sizes``, older vLLM's --cuda-graph-sizes); None: every bucket. Keys without an effect are logged."""
+    if not isinstance(compilation_config, (dict, int, type(None))) or isinstance(compilation_config, bool):
+        raise ValueError(f"compilation_config must be a dict or an int, got {compilation_config!r}")
+    cc = dict(compilation_config) if isinstance(compilation_config, dict) else {}
+    ignored = sorted(k for k in cc if k not in COMPILATION_KEYS)
+    if ignored:
+        logging.getLogger("specserve").warning(
+            "compilation_config: %s ignored (specserve captures whole steps as CUDA graphs and compiles nothing)",
+            ", ".join(ignored),
+        )
+    eager = False
+    mode = cc.get("cudagraph_mode")
+    if mode is not None:
+        if not isinstance(mode, str) or mode.upper() not in CUDAGRAPH_MODES:
+            raise ValueError(f"cudagraph_mode {mode!r} is not one of {', '.join(CUDAGRAPH_MODES)}")
+        eager = mode.upper() == "NONE"
+    elif optimization_level == 0:  # vLLM's -O0: no CUDA graphs (an explicit cudagraph_mode wins)
+        eager = True
+    sizes = cc.get("cudagraph_capture_sizes", capture_sizes)
+    if sizes is not None and (
+        not isinstance(sizes, list) or not sizes or not all(_positive(x) for x in sizes)
+    ):
+        raise ValueError(f"cudagraph_capture_sizes must be a list of positive ints, got {sizes!r}")
+    cap = cc.get("max_cudagraph_capture_size")
+    if cap is not None and not _positive(cap):
+        raise ValueError(f"max_cudagraph_capture_size must be a positive int, got {cap!r}")
+    if max_capture_size is not None:
+        cap = max_capture_size
+    elif cap is None and sizes:
+        cap = max(sizes)
+    return eager, cap
 
 
 @dataclass

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from specserve.config import EngineConfig, SpeculativeConfig
+from specserve.config import EngineConfig, SpeculativeConfig, resolve_cudagraphs
 from specserve.engine.engine import LLMEngine, PromptType
 from specserve.outputs import RequestOutput
 from specserve.sampling_params import SamplingParams
@@ -43,10 +43,15 @@ class LLM:
         tokenizer_revision: str | None = None,
         download_dir: str | None = None,
         scheduling_policy: str = "fcfs",
+        hf_overrides: dict[str, Any] | None = None,
+        tokenizer_mode: str = "auto",
+        compilation_config: dict[str, Any] | int | None = None,
         **kwargs: Any,
     ) -> None:
         if kwargs:
             raise ValueError(f"Unknown LLM argument(s): {', '.join(sorted(kwargs))}.")
+        # vLLM's compilation_config: cudagraph_mode "NONE" (no graphs) and the capture sizes (see resolve_cudagraphs)
+        no_graphs, max_capture = resolve_cudagraphs(compilation_config)
         self.config = EngineConfig(
             model=model,
             tokenizer=tokenizer,
@@ -58,7 +63,7 @@ class LLM:
             enable_prefix_caching=enable_prefix_caching,
             seed=seed,
             speculative_config=speculative_config,  # type: ignore[arg-type]
-            enforce_eager=enforce_eager,
+            enforce_eager=enforce_eager or no_graphs,
             gpu_memory_utilization=gpu_memory_utilization,
             num_gpu_blocks=num_gpu_blocks,
             block_size=block_size,
@@ -75,6 +80,9 @@ class LLM:
             tokenizer_revision=tokenizer_revision,
             download_dir=download_dir,
             scheduling_policy=scheduling_policy,
+            hf_overrides=hf_overrides,
+            tokenizer_mode=tokenizer_mode,
+            max_cudagraph_capture_size=max_capture,
         )
         self.engine = LLMEngine(self.config)
 

@@ -364,3 +364,25 @@ def test_priority_reaches_the_engine(served: tuple[Any, str], tiny_llama_dir: st
             assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2
     finally:
         eng.shutdown()
+
+
+def test_offline_llm_takes_the_same_settings(tiny_llama_dir: str) -> None:
+    """LLM(hf_overrides=..., tokenizer_mode=..., compilation_config=...) as vLLM's LLM."""
+    from specserve import LLM
+
+    llm = LLM(
+        tiny_llama_dir,
+        device="cpu",
+        dtype="float32",
+        num_gpu_blocks=16,
+        max_model_len=64,
+        hf_overrides={"max_position_embeddings": 640},
+        tokenizer_mode="hf",
+        compilation_config={"cudagraph_mode": "NONE", "cudagraph_capture_sizes": [1, 2, 4]},
+    )
+    assert llm.config.enforce_eager and llm.config.max_cudagraph_capture_size == 4
+    assert llm.engine.checkpoint.hf_config.max_position_embeddings == 640
+    with pytest.raises(ValueError, match="cudagraph_mode 'ALWAYS'"):
+        LLM(tiny_llama_dir, device="cpu", compilation_config={"cudagraph_mode": "ALWAYS"})
+    with pytest.raises(ValueError, match="compilation_config must be a dict or an int"):
+        LLM(tiny_llama_dir, device="cpu", compilation_config="fast")  # type: ignore[arg-type]

@@ -15,7 +15,7 @@ import sys
 from dataclasses import fields
 from typing import Any, NoReturn
 
-from specserve.config import EngineConfig, SpeculativeConfig
+from specserve.config import EngineConfig, SpeculativeConfig, resolve_cudagraphs
 from specserve.server.reasoning_parsers import REASONING_PARSERS
 from specserve.server.tool_parsers import TOOL_PARSERS
 
@@ -124,17 +124,6 @@ def _json_object(value: str) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise argparse.ArgumentTypeError(f"expected a JSON object, got {value!r}")
     return data
-
-
-CUDAGRAPH_MODES = ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
-# compilation_config keys with an effect here; vLLM's others (its torch.compile passes) are accepted and ignored
-_COMPILATION_KEYS = (
-    "cudagraph_mode",
-    "cudagraph_capture_sizes",
-    "max_cudagraph_capture_size",
-    "mode",
-    "level",
-)
 
 
 def parse_compilation_config(value: str) -> dict[str, Any]:
@@ -610,44 +599,17 @@ def check_engine_args(parser: argparse.ArgumentParser, args: argparse.Namespace)
 
 def _resolve_cudagraph_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """``--compilation-config`` / ``-O`` / ``--max-cudagraph-capture-size`` / ``--cuda-graph-sizes`` -> the
-    engine's two knobs: ``args.enforce_eager`` (cudagraph_mode NONE, -O0) and ``args.max_cudagraph_capture_size``
-    (the largest captured step in tokens: the explicit flag, else the largest of the capture sizes)."""
-    cc = dict(args.compilation_config or {})
-    ignored = sorted(k for k in cc if k not in _COMPILATION_KEYS)
-    if ignored:
-        logger.warning(
-            "--compilation-config: %s ignored (specserve captures whole steps as CUDA graphs and compiles nothing)",
-            ", ".join(ignored),
+    engine's two knobs, ``args.enforce_eager`` and ``args.max_cudagraph_capture_size`` (``resolve_cudagraphs``)."""
+    try:
+        eager, cap = resolve_cudagraphs(
+            args.compilation_config,
+            optimization_level=args.optimization_level,
+            max_capture_size=args.max_cudagraph_capture_size,
+            capture_sizes=args.cuda_graph_sizes,
         )
-    mode = cc.get("cudagraph_mode")
-    if mode is not None:
-        if not isinstance(mode, str) or mode.upper() not in CUDAGRAPH_MODES:
-            parser.error(
-                f"--compilation-config: cudagraph_mode {mode!r} is not one of {', '.join(CUDAGRAPH_MODES)}"
-            )
-        if mode.upper() == "NONE":
-            args.enforce_eager = True
-    elif args.optimization_level == 0:  # vLLM's -O0: no CUDA graphs (an explicit cudagraph_mode wins)
-        args.enforce_eager = True
-    sizes = cc.get("cudagraph_capture_sizes")
-    if sizes is not None:
-        if (
-            not isinstance(sizes, list)
-            or not sizes
-            or not all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in sizes)
-        ):
-            parser.error(
-                f"--compilation-config: cudagraph_capture_sizes must be a list of positive ints, got {sizes!r}"
-            )
-    elif args.cuda_graph_sizes is not None:
-        sizes = list(args.cuda_graph_sizes)
-    cap = cc.get("max_cudagraph_capture_size")
-    if cap is not None and (not isinstance(cap, int) or isinstance(cap, bool) or cap < 1):
-        parser.error(f"--compilation-config: max_cudagraph_capture_size must be a positive int, got {cap!r}")
-    if args.max_cudagraph_capture_size is not None:
-        cap = args.max_cudagraph_capture_size
-    elif cap is None and sizes:
-        cap = max(sizes)
+    except ValueError as e:
+        parser.error(f"--compilation-config: {e}")
+    args.enforce_eager = args.enforce_eager or eager
     args.max_cudagraph_capture_size = cap
 
 
