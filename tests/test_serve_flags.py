@@ -109,6 +109,11 @@ def test_new_flags_parse(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> No
     ],
 )
 def test_bad_values_exit_2_one_line(args: list[str], needle: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert_exit_2_one_line(args, needle, capsys)
+
+
+def assert_exit_2_one_line(args: list[str], needle: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """``specserve serve some/model ARGS`` exits 2 with one stderr line: the error, naming ``needle``."""
     from specserve.server.api_server import serve_main
 
     assert serve_main(["some/model", *args]) == 2

@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from test_serve_flags import engine_configs, run_serve_main
+from test_serve_flags import assert_exit_2_one_line, engine_configs, run_serve_main
 from test_server import ServerThread, assert_error, openai_client, sse_events, tiny_engine
 
 from specserve.server.api_server import build_app, template_content_format
@@ -124,12 +124,7 @@ def test_compilation_config(argv: list[str], eager: bool, cap: int | None) -> No
     ],
 )
 def test_bad_values_exit_2_one_line(args: list[str], needle: str, capsys: pytest.CaptureFixture[str]) -> None:
-    from specserve.server.api_server import serve_main
-
-    assert serve_main(["some/model", *args]) == 2
-    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
-    assert len(lines) == 1, lines
-    assert lines[0].startswith("specserve serve: error:") and needle in lines[0], lines[0]
+    assert_exit_2_one_line(args, needle, capsys)
 
 
 # --------------------------------------------------------------------------- chat template content format

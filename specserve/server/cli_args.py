@@ -63,14 +63,8 @@ def parse_human_int(value: str) -> int | None:
 
 
 def parse_speculative_config(value: str) -> dict[str, Any]:
-    """``--speculative-config`` JSON -> dict, validated against ``SpeculativeConfig``."""
-    try:
-        data = json.loads(value)
-    except json.JSONDecodeError as e:
-        raise argparse.ArgumentTypeError(f"invalid JSON {value!r}: {e.msg} (at char {e.pos})") from None
-    if not isinstance(data, dict):
-        raise argparse.ArgumentTypeError(f"expected a JSON object, got {value!r}")
-    return data
+    """``--speculative-config`` JSON -> dict (``SpeculativeConfig`` checks it once parsed)."""
+    return _json_object(value)
 
 
 def _json_list(value: str) -> list[str]:
@@ -116,7 +110,7 @@ def parse_generation_overrides(value: str) -> dict[str, Any]:
 
 
 def _json_object(value: str) -> dict[str, Any]:
-    """A JSON object flag (``--hf-overrides``)."""
+    """A JSON object flag (``--speculative-config``, ``--hf-overrides``, ``--compilation-config``)."""
     try:
         data = json.loads(value)
     except json.JSONDecodeError as e:
