@@ -8,7 +8,7 @@ import json
 import logging
 import sys
 
-from specserve.errors import first_line
+from specserve.errors import OneLineArgumentParser, first_line
 
 
 def _die(msg: str) -> int:
@@ -17,7 +17,7 @@ def _die(msg: str) -> int:
 
 
 def _generate_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="specserve generate", description="Generate completions offline.")
+    p = OneLineArgumentParser(prog="specserve generate", description="Generate completions offline.")
     p.add_argument("--model", default=None, help="HF dir, .gguf file, or hub id (default: the bundled demo)")
     p.add_argument("--tokenizer", default=None)
     p.add_argument("--prompt", action="append", default=None, help="prompt text (repeatable)")

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import argparse
+from typing import NoReturn
+
 
 class RequestValidationError(ValueError):
     """A request the engine cannot serve (too long, bad sampling values). ``param`` names the offending field."""
@@ -10,6 +13,13 @@ class RequestValidationError(ValueError):
         super().__init__(message)
         self.message = message
         self.param = param
+
+
+class OneLineArgumentParser(argparse.ArgumentParser):
+    """argparse that reports errors in one line (no usage dump) and still exits with code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
 
 
 def first_line(e: BaseException) -> str:

@@ -381,3 +381,34 @@ def test_offline_llm_takes_the_same_settings(tiny_llama_dir: str) -> None:
         LLM(tiny_llama_dir, device="cpu", compilation_config={"cudagraph_mode": "ALWAYS"})
     with pytest.raises(ValueError, match="compilation_config must be a dict or an int"):
         LLM(tiny_llama_dir, device="cpu", compilation_config="fast")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "cmd",
+    [
+        ["generate"],
+        ["eval-acceptance", "--dataset", "d.jsonl", "-sc", "{}"],
+        ["bench", "serve"],
+        ["bench", "latency"],
+        ["bench", "throughput"],
+        ["run-batch", "-i", "in.jsonl", "-o", "out.jsonl"],
+        ["chat"],
+        ["complete"],
+        ["serve"],
+        ["train", "dflash", "--target", "t", "--prompts", "p.jsonl", "--output", "o"],
+    ],
+)
+def test_every_command_reports_a_bad_flag_in_one_line(
+    cmd: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A mistyped flag: exit 2 and one line naming it (no usage dump), whatever the command."""
+    from specserve.cli import main
+    from specserve.errors import parse_exit_code
+
+    try:
+        rc = main([*cmd, "--no-such-flag"])
+    except SystemExit as e:
+        rc = parse_exit_code(e)
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert rc == 2 and len(lines) == 1, lines
+    assert "error" in lines[0] and "--no-such-flag" in lines[0], lines[0]

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from specserve.bench.datasets import DATASET_NAMES, RemoteTokenizer, SampleRequest, get_samples
-from specserve.errors import parse_exit_code
+from specserve.errors import OneLineArgumentParser, parse_exit_code
 
 BACKENDS = ("openai", "vllm", "openai-chat")
 MILLISECONDS_TO_SECONDS_CONVERSION = 1000
@@ -686,11 +686,6 @@ def parse_goodput(items: list[str] | None) -> dict[str, float]:
     return out
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> Any:
-        self.exit(2, f"{self.prog}: error: {message}\n")
-
-
 def add_dataset_args(p: argparse.ArgumentParser, default_name: str | None = "random") -> None:
     """vLLM's dataset flags (``bench serve``, ``bench throughput``); :func:`get_samples` reads them."""
     d = p.add_argument_group("dataset")
@@ -729,7 +724,9 @@ def resolve_dataset_lens(args: argparse.Namespace) -> None:
 
 
 def make_arg_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="specserve bench serve", description="Benchmark the online serving throughput.")
+    p = OneLineArgumentParser(
+        prog="specserve bench serve", description="Benchmark the online serving throughput."
+    )
     t = p.add_argument_group("target")
     t.add_argument("--backend", default="openai", choices=BACKENDS)
     t.add_argument("--base-url", default=None, help="Server base URL (else http://HOST:PORT).")

@@ -13,9 +13,10 @@ import os
 import re
 import sys
 from dataclasses import fields
-from typing import Any, NoReturn
+from typing import Any
 
 from specserve.config import EngineConfig, SpeculativeConfig, resolve_cudagraphs
+from specserve.errors import OneLineArgumentParser
 from specserve.server.reasoning_parsers import REASONING_PARSERS
 from specserve.server.tool_parsers import TOOL_PARSERS
 
@@ -26,13 +27,6 @@ _DOTTED = {"--speculative-config.": "speculative_config", "--compilation-config.
 _HUMAN_INT = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmMgG]?)\s*$")
 _DECIMAL = {"k": 10**3, "m": 10**6, "g": 10**9}
 _BINARY = {"K": 2**10, "M": 2**20, "G": 2**30}
-
-
-class OneLineArgumentParser(argparse.ArgumentParser):
-    """argparse that reports errors in one line (no usage dump) and still exits with code 2."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message}\n")
 
 
 def parse_human_int(value: str) -> int | None:

@@ -11,7 +11,6 @@ checks that the greedy outputs are identical.
 
 from __future__ import annotations
 
-import argparse
 import gzip
 import json
 import sys
@@ -20,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from specserve.config import SpeculativeConfig
+from specserve.errors import OneLineArgumentParser
 
 
 def read_prompts(path: str, n: int) -> list[str]:
@@ -92,7 +92,7 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="specserve eval-acceptance")
+    ap = OneLineArgumentParser(prog="specserve eval-acceptance")
     ap.add_argument("--model", default=None)
     ap.add_argument(
         "--speculative-config",
