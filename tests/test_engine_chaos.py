@@ -3,7 +3,8 @@ requests that end in their prefill's step (max_tokens=1), n=2, priorities (with 
 aborts at random steps, too few KV blocks (preemption) and a small token budget (chunked prefill), with the target
 drafting for itself (a draft model equal to the target: every draft must be accepted when its KV follows the
 committed sequence). Invariants: every greedy output is the target's own greedy continuation of its prompt, every
-draft is accepted, aborted requests end as aborted, and no KV block leaks."""
+draft is accepted, aborted requests end as aborted, and no KV block leaks; seeded sampling (plain and DFlash) gives
+each request the tokens it gets when served alone."""
 
 from __future__ import annotations
 
@@ -124,3 +125,52 @@ def test_random_mix_keeps_outputs_and_blocks(
             assert o.token_ids == reference[prompt][:max_tokens], (rid, prompt, max_tokens)
             checked += 1
     assert checked >= 30
+
+
+@pytest.mark.parametrize("method", [None, "dflash"])
+def test_seeded_sampling_under_the_mix(method: str | None, tiny_qwen3_dir: str, dflash_dir: str) -> None:
+    """Seeded sampling (temperature 0.9) under the same mix: a seeded request's tokens are a function of its
+    seed, prompt and position only (counter-based draws), so each equals the same request served alone, whatever
+    ran beside it, was preempted or hit the prefix cache."""
+    spec = None if method is None else {"method": method, "model": dflash_dir, "num_speculative_tokens": 3}
+    base: dict[str, Any] = {
+        "model": tiny_qwen3_dir,
+        "dtype": "float32",
+        "device": "cpu",
+        "speculative_config": spec,
+    }
+    rng = random.Random(5)
+    jobs = [(rng.choice(PROMPTS), rng.randint(0, 3), rng.choice([1, 2, 5, N, N])) for _ in range(24)]
+    alone = LLMEngine(EngineConfig(**base, max_num_seqs=1, enable_prefix_caching=False))
+    ref: dict[tuple[str, int], list[int]] = {}
+    for prompt, seed, _ in jobs:
+        if (prompt, seed) not in ref:
+            sp = SamplingParams(temperature=0.9, seed=seed, max_tokens=N, ignore_eos=True)
+            rid = alone.add_request(None, prompt, sp)
+            while alone.has_unfinished_requests():
+                for out in alone.step():
+                    if out.finished and out.request_id == rid:
+                        ref[prompt, seed] = out.outputs[0].token_ids
+    eng = LLMEngine(
+        EngineConfig(**base, max_num_seqs=4, num_gpu_blocks=9, max_num_batched_tokens=24, padded_decode=True)
+    )
+    ids: dict[str, tuple[str, int, int]] = {}
+    got: dict[str, list[int]] = {}
+
+    def step() -> None:
+        for out in eng.step():
+            if out.finished:
+                got[out.request_id] = out.outputs[0].token_ids
+
+    for i, (prompt, seed, m) in enumerate(jobs):
+        sp = SamplingParams(temperature=0.9, seed=seed, max_tokens=m, ignore_eos=True)
+        ids[eng.add_request(None, prompt, sp)] = (prompt, seed, m)
+        if i % 3 == 2:  # a step between some arrivals
+            step()
+    while eng.has_unfinished_requests():
+        step()
+    m = eng.get_metrics()
+    assert m["num_preemptions_total"] > 0 and m["num_free_blocks"] == m["num_gpu_blocks"]
+    assert len({tuple(v) for v in ref.values()}) > 1  # the seeds do give different samples
+    for rid, (prompt, seed, mt) in ids.items():
+        assert got[rid] == ref[prompt, seed][:mt], (prompt, seed, mt)
