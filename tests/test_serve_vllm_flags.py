@@ -352,11 +352,16 @@ def test_priority_reaches_the_engine(served: tuple[Any, str], tiny_llama_dir: st
     chat = {"model": "tiny", "messages": MSGS, "max_tokens": 2, "priority": -1}
     assert_error(httpx.post(f"{url}/v1/chat/completions", json=chat), 400, "BadRequestError")
     assert httpx.post(f"{url}/v1/completions", json={**body, "priority": 0}).status_code == 200
+    resp = {"model": "tiny", "input": "Hi", "max_output_tokens": 2, "priority": 2}
+    err = assert_error(httpx.post(f"{url}/v1/responses", json=resp), 400, "BadRequestError")
+    assert "priority scheduling is not enabled" in err["message"]
     eng = tiny_engine(tiny_llama_dir, num_gpu_blocks=64, scheduling_policy="priority")
     try:
         with ServerThread(build_app(eng, "tiny")) as srv:
             r = httpx.post(f"{srv.url}/v1/completions", json=body, timeout=60)
             assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2
+            r = httpx.post(f"{srv.url}/v1/responses", json=resp, timeout=60)
+            assert r.status_code == 200 and r.json()["status"] in ("completed", "incomplete")
     finally:
         eng.shutdown()
 

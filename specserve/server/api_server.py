@@ -1290,7 +1290,7 @@ class OpenAIServing:
         response_id = f"resp_{random_uuid()}"
         try:
             prompt_ids, params = self.chat_inputs(chat_req)
-            gens = await self.start([prompt_ids], params, response_id)
+            gens = await self.start([prompt_ids], params, response_id, chat_req.priority)
         except (APIError, EngineValidationError) as e:
             raise _renamed_error(e, renamed_params(req)) from None
         resp = new_response(req, response_id, model, params)

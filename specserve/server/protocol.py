@@ -315,6 +315,7 @@ class ResponsesRequest(BaseModel):
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     structured_outputs: dict[str, Any] | None = None
+    priority: int = 0  # --scheduling-policy priority
 
 
 class ResponseOutputText(BaseModel):

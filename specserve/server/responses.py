@@ -168,6 +168,7 @@ def chat_request(req: ResponsesRequest, max_model_len: int) -> ChatCompletionReq
         response_format=response_format(req.text),
         user=req.user,
         stream=bool(req.stream),
+        priority=req.priority,
     )
 
 
