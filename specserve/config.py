@@ -14,6 +14,7 @@ from typing import Any
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM")
 SPEC_METHODS = ("dflash", "eagle3", "eagle", "draft_model", "ngram")
 TOKENIZER_MODES = ("auto", "hf", "slow")
+SCHEDULING_POLICIES = ("fcfs", "priority")  # vLLM's --scheduling-policy
 
 
 @dataclass
@@ -390,8 +391,8 @@ class EngineConfig:
         if self.tokenizer_mode not in TOKENIZER_MODES:
             raise ValueError(f"tokenizer_mode must be one of auto, hf, slow; got {self.tokenizer_mode!r}.")
         cap = self.max_cudagraph_capture_size
-        if cap is not None and (not isinstance(cap, int) or isinstance(cap, bool) or cap < 1):
+        if cap is not None and not _positive(cap):
             raise ValueError(f"max_cudagraph_capture_size must be a positive integer, got {cap!r}.")
-        if self.scheduling_policy not in ("fcfs", "priority"):
+        if self.scheduling_policy not in SCHEDULING_POLICIES:
             raise ValueError(f"scheduling_policy must be fcfs or priority; got {self.scheduling_policy!r}.")
         self.speculative_config = SpeculativeConfig.from_any(self.speculative_config)

@@ -20,11 +20,11 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
+from specserve.config import SCHEDULING_POLICIES
 from specserve.engine.block_manager import BlockManager
 from specserve.engine.request import Request, RequestStatus
 
 PREFILL_ALONE_MAX_WAITING = 4
-SCHEDULING_POLICIES = ("fcfs", "priority")
 
 
 def _priority_key(req: Request) -> tuple[int, float]:

@@ -776,7 +776,7 @@ class OpenAIServing:
         for tid, step in zip(token_ids, logprobs):
             chosen = step.get(tid) if step else None
             text = self._token_name(tid, chosen, False)
-            tokens.append(self._token_name(tid, chosen, True) if as_ids else text)
+            tokens.append(f"token_id:{tid}" if as_ids else text)
             token_logprobs.append(max(chosen.logprob, -9999.0) if chosen is not None else None)
             top_logprobs.append(
                 {self._token_name(t, lp, as_ids): max(lp.logprob, -9999.0) for t, lp in step.items()}
@@ -813,7 +813,7 @@ class OpenAIServing:
             ]
             content.append(
                 ChatCompletionLogProbsContent(
-                    token=self._token_name(tid, chosen, True) if as_ids else text,
+                    token=f"token_id:{tid}" if as_ids else text,
                     logprob=max(chosen.logprob, -9999.0) if chosen is not None else -9999.0,
                     bytes=list(text.encode("utf-8", errors="replace")),
                     top_logprobs=top,

@@ -15,7 +15,13 @@ import sys
 from dataclasses import fields
 from typing import Any
 
-from specserve.config import EngineConfig, SpeculativeConfig, resolve_cudagraphs
+from specserve.config import (
+    SCHEDULING_POLICIES,
+    TOKENIZER_MODES,
+    EngineConfig,
+    SpeculativeConfig,
+    resolve_cudagraphs,
+)
 from specserve.errors import OneLineArgumentParser
 from specserve.server.reasoning_parsers import REASONING_PARSERS
 from specserve.server.tool_parsers import TOOL_PARSERS
@@ -277,7 +283,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     e.add_argument(
         "--tokenizer-mode",
         default="auto",
-        choices=["auto", "hf", "slow", "mistral", "custom"],
+        choices=[*TOKENIZER_MODES, "mistral", "custom"],  # the last two: refused with a reason
         help="auto / hf: the fast tokenizer; slow: transformers' slow (Python) tokenizer.",
     )
     e.add_argument(
@@ -350,7 +356,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     e.add_argument(
         "--scheduling-policy",
         default="fcfs",
-        choices=["fcfs", "priority"],
+        choices=list(SCHEDULING_POLICIES),
         help="fcfs: arrival order; priority: by each request's priority (lower first), then arrival.",
     )
     e.add_argument("--enforce-eager", action="store_true", help="Disable CUDA graphs.")
