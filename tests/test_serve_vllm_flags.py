@@ -417,3 +417,11 @@ def test_every_command_reports_a_bad_flag_in_one_line(
     lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
     assert rc == 2 and len(lines) == 1, lines
     assert "error" in lines[0] and "--no-such-flag" in lines[0], lines[0]
+
+
+def test_short_dotted_speculative_keys() -> None:
+    """``-sc.KEY VALUE`` as ``--speculative-config.KEY VALUE`` (vLLM's short form), merged over ``-sc`` JSON."""
+    args = parse_serve_args(
+        ["m", "-sc", '{"method": "ngram"}', "-sc.num_speculative_tokens", "3", "-sc.prompt_lookup_max=4"]
+    )
+    assert args.speculative_config == {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4}
